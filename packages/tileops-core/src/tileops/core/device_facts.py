@@ -1,0 +1,109 @@
+"""Facts about a device that selection reads (architecture, SM count, shared memory, name).
+
+Facts are read per device, never from "the current device", and only when an op misses its
+cache. CUDA and CPU facts are built in; another device type's backend registers a reader with
+``register_device_facts``. Facts can also be stated outright to ask what would run elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+
+import torch
+
+from .errors import BackendError
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceFacts:
+    """What selection may know about one device.
+
+    ``arch`` is ``major * 10 + minor`` on CUDA (90 for Hopper); other device types choose
+    their own numbering. Unknown facts are None.
+    """
+
+    device_type: str
+    arch: int | None = None
+    sm_count: int | None = None
+    shared_memory_per_block: int | None = None
+    name: str = ""
+
+
+FactsReader = Callable[[torch.device], DeviceFacts]
+
+
+def _cuda_facts(device: torch.device) -> DeviceFacts:
+    props = torch.cuda.get_device_properties(device)
+    return DeviceFacts(
+        device_type="cuda",
+        arch=props.major * 10 + props.minor,
+        sm_count=props.multi_processor_count,
+        shared_memory_per_block=getattr(props, "shared_memory_per_block_optin", None),
+        name=props.name,
+    )
+
+
+def _cpu_facts(device: torch.device) -> DeviceFacts:
+    return DeviceFacts(device_type="cpu", name="cpu")
+
+
+_readers: dict[str, FactsReader] = {"cuda": _cuda_facts, "cpu": _cpu_facts}
+_cache: dict[torch.device, DeviceFacts] = {}
+_lock = threading.Lock()
+
+
+def register_device_facts(device_type: str, read: FactsReader) -> None:
+    """Tell TileOPs how to read the facts of devices of ``device_type``.
+
+    ``read(device)`` returns a :class:`DeviceFacts`; it is called at most once per device.
+    """
+    if not isinstance(device_type, str) or not device_type:
+        raise BackendError(f"register_device_facts: device_type must be a non-empty str, got {device_type!r}")
+    if not callable(read):
+        raise BackendError(f"register_device_facts({device_type!r}): read must be callable, got {read!r}")
+    from .registry import journal
+
+    with _lock:
+        if device_type in _readers:
+            raise BackendError(
+                f"register_device_facts: facts for device type {device_type!r} are already registered "
+                f"(by {_readers[device_type].__module__}.{_readers[device_type].__qualname__})"
+            )
+        _readers[device_type] = read
+        for device in [d for d in _cache if d.type == device_type]:
+            del _cache[device]
+    journal.record(lambda: _unregister(device_type, read))
+
+
+def _unregister(device_type: str, read: FactsReader) -> None:
+    with _lock:
+        if _readers.get(device_type) is read:
+            del _readers[device_type]
+        for device in [d for d in _cache if d.type == device_type]:
+            del _cache[device]
+
+
+def has_facts_reader(device_type: str) -> bool:
+    return device_type in _readers
+
+
+def facts_for(device: torch.device) -> DeviceFacts | None:
+    """The facts of ``device``, or None where no reader is registered for its type."""
+    facts = _cache.get(device)
+    if facts is not None:
+        return facts
+    read = _readers.get(device.type)
+    if read is None:
+        return None
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    facts = read(device)
+    if not isinstance(facts, DeviceFacts):
+        raise BackendError(
+            f"the device-facts reader for {device.type!r} ({read.__module__}.{read.__qualname__}) "
+            f"returned {type(facts).__name__}, not DeviceFacts"
+        )
+    _cache[device] = facts
+    return facts

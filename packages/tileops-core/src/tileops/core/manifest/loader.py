@@ -1,0 +1,429 @@
+"""Reading manifest files and validating every entry strictly.
+
+Each top-level key of a file is an op's class name; its value is the op's entry. Unknown
+fields, undefined names, contradictory declarations and bad values are ``ManifestError``s
+naming the file, the op and the field. The schema is documented in docs/manifest.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import yaml
+
+from ..errors import ManifestError
+from .expressions import ExpressionError, compile_expression
+
+DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+PARAM_TYPES = ("int", "float", "bool", "str", "shape", "dtype")
+ACCESS = ("read", "readwrite", "write")
+_MISSING = object()
+_DIM = re.compile(r"^(\*?)([A-Za-z_][A-Za-z0-9_]*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorDecl:
+    """An input or output tensor of a signature."""
+
+    name: str
+    dtypes: tuple[torch.dtype, ...] | None  # allowed dtypes, or None when dtype_same_as is set
+    dtype_same_as: str | None
+    shape: tuple[int | str, ...] | None  # pattern, or None when shape_same_as is set
+    shape_same_as: str | None
+    optional: bool = False
+    cpu: bool = False
+    contiguous: bool = False
+    access: str = "read"
+    aliases: str | None = None  # outputs: the written input this output returns
+    out: str | None = None  # outputs: keyword of a caller buffer to fill
+    doc: str = ""
+
+    @property
+    def written(self) -> bool:
+        return self.access != "read"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamDecl:
+    name: str
+    type: str
+    default: Any = _MISSING
+    nullable: bool = False
+    keyword_only: bool = False
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    text: str
+    code: Any
+    message: str
+    at_construction: bool  # uses params only, so it is checked once per op instance
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    shapes: Mapping[str, tuple[int, ...]]
+    dtypes: tuple[torch.dtype, ...]
+    params: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpEntry:
+    """One op's validated manifest entry."""
+
+    name: str
+    family: str
+    summary: str
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
+    params: tuple[ParamDecl, ...]
+    constraints: tuple[Constraint, ...]
+    ref_api: str
+    ref_code: Any
+    tolerance: Mapping[torch.dtype, tuple[float, float]]  # dtype -> (atol, rtol)
+    workloads: tuple[Workload, ...]
+    roofline: Mapping[str, Any]  # "bytes"/"flops" -> code
+    roofline_text: Mapping[str, str]
+    source: str
+
+    def input(self, name: str) -> TensorDecl:
+        return next(t for t in self.inputs if t.name == name)
+
+
+class _Where:
+    """Builds errors that name the file, the op and the field."""
+
+    def __init__(self, source: str, op: str | None = None, field: str = "") -> None:
+        self.source, self.op, self.field = source, op, field
+
+    def at(self, field: str) -> _Where:
+        return _Where(self.source, self.op, f"{self.field}.{field}" if self.field else field)
+
+    def error(self, message: str) -> ManifestError:
+        place = self.source
+        if self.op:
+            place += f", op {self.op}"
+        if self.field:
+            place += f", field {self.field}"
+        return ManifestError(f"{place}: {message}")
+
+
+def _mapping(value: Any, where: _Where, allowed: set[str], required: set[str] = frozenset()) -> dict:
+    if not isinstance(value, dict):
+        raise where.error(f"expected a mapping, got {type(value).__name__}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise where.error(f"unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+    missing = sorted(required - set(value))
+    if missing:
+        raise where.error(f"missing required field(s) {', '.join(map(repr, missing))}")
+    return value
+
+
+def _str(value: Any, where: _Where) -> str:
+    if not isinstance(value, str):
+        raise where.error(f"expected a string, got {value!r}")
+    return value
+
+
+def _bool(value: Any, where: _Where) -> bool:
+    if not isinstance(value, bool):
+        raise where.error(f"expected true or false, got {value!r}")
+    return value
+
+
+def _dtype(value: Any, where: _Where) -> torch.dtype:
+    if value not in DTYPES:
+        raise where.error(f"unknown dtype {value!r}; known: {', '.join(DTYPES)}")
+    return DTYPES[value]
+
+
+def _dtype_decl(value: Any, where: _Where, earlier: list[str]) -> tuple[tuple[torch.dtype, ...] | None, str | None]:
+    if isinstance(value, dict):
+        ref = _str(_mapping(value, where, {"same_as"}, {"same_as"})["same_as"], where.at("same_as"))
+        if ref not in earlier:
+            raise where.error(f"same_as {ref!r} names no tensor declared before it (declared: {', '.join(earlier) or 'none'})")
+        return None, ref
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise where.error(f"expected a dtype, a list of dtypes or {{same_as: tensor}}, got {value!r}")
+    dtypes = tuple(_dtype(v, where) for v in value)
+    if len(set(dtypes)) != len(dtypes):
+        raise where.error(f"lists a dtype twice: {value!r}")
+    return dtypes, None
+
+
+def _shape_decl(value: Any, where: _Where, earlier: list[str], shape_params: set[str]):
+    if isinstance(value, dict):
+        ref = _str(_mapping(value, where, {"same_as"}, {"same_as"})["same_as"], where.at("same_as"))
+        if ref not in earlier:
+            raise where.error(f"same_as {ref!r} names no tensor declared before it (declared: {', '.join(earlier) or 'none'})")
+        return None, ref
+    if not isinstance(value, list):
+        raise where.error(f"expected a list of dimensions or {{same_as: tensor}}, got {value!r}")
+    pattern: list[int | str] = []
+    free_variadics = 0
+    for i, dim in enumerate(value):
+        if isinstance(dim, bool) or not isinstance(dim, (int, str)):
+            raise where.error(f"dimension {i} is {dim!r}; expected an int, a name, '*name' or '...'")
+        if isinstance(dim, int):
+            if dim < 0:
+                raise where.error(f"dimension {i} is negative: {dim}")
+        elif dim != "...":
+            match = _DIM.match(dim)
+            if not match:
+                raise where.error(f"dimension {i} is {dim!r}; expected a name, '*name' or '...'")
+            if match.group(1) and match.group(2) not in shape_params:
+                free_variadics += 1
+        else:
+            free_variadics += 1
+        pattern.append(dim)
+    if free_variadics > 1:
+        raise where.error(f"{value!r} has {free_variadics} variadic groups not bound by a param; at most one can be matched")
+    return tuple(pattern), None
+
+
+def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_params: set[str], *, output: bool, inputs: dict) -> TensorDecl:
+    common = {"dtype", "shape", "doc"}
+    allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "access"})
+    spec = _mapping(value, where, allowed, set() if output and "aliases" in (value or {}) else {"dtype", "shape"})
+    fields: dict[str, Any] = {"name": name, "doc": _str(spec.get("doc", ""), where.at("doc"))}
+    if output and "aliases" in spec:
+        target = _str(spec["aliases"], where.at("aliases"))
+        if target not in inputs:
+            raise where.at("aliases").error(f"names no input (inputs: {', '.join(inputs)})")
+        if not inputs[target].written:
+            raise where.at("aliases").error(f"input {target!r} is not written (access: read); only a written input can be aliased")
+        if "out" in spec:
+            raise where.error("declares both aliases and out; an output either returns a written input or fills a caller buffer")
+        for field in ("dtype", "shape"):
+            if field in spec:
+                raise where.at(field).error(f"contradicts aliases: the output is input {target!r}, with its {field}")
+        fields.update(dtypes=None, dtype_same_as=target, shape=None, shape_same_as=target, aliases=target)
+        return TensorDecl(**fields)
+    fields["dtypes"], fields["dtype_same_as"] = _dtype_decl(spec["dtype"], where.at("dtype"), earlier)
+    fields["shape"], fields["shape_same_as"] = _shape_decl(spec["shape"], where.at("shape"), earlier, shape_params)
+    if output:
+        if "out" in spec:
+            fields["out"] = _str(spec["out"], where.at("out"))
+            if not fields["out"].isidentifier():
+                raise where.at("out").error(f"{fields['out']!r} is not a valid keyword name")
+    else:
+        fields["optional"] = _bool(spec.get("optional", False), where.at("optional"))
+        fields["contiguous"] = _bool(spec.get("contiguous", False), where.at("contiguous"))
+        if "device" in spec:
+            if spec["device"] != "cpu":
+                raise where.at("device").error(f"the only device a tensor can be pinned to is 'cpu', got {spec['device']!r}")
+            fields["cpu"] = True
+        access = spec.get("access", "read")
+        if access not in ACCESS:
+            raise where.at("access").error(f"expected one of {', '.join(ACCESS)}, got {access!r}")
+        fields["access"] = access
+        if access == "read" and fields["contiguous"]:
+            raise where.at("contiguous").error("only written inputs declare contiguous: inputs that are only read are always made contiguous")
+    return TensorDecl(**fields)
+
+
+def _param(name: str, value: Any, where: _Where) -> ParamDecl:
+    spec = _mapping(value, where, {"type", "default", "nullable", "keyword_only", "doc"}, {"type"})
+    if spec["type"] not in PARAM_TYPES:
+        raise where.at("type").error(f"expected one of {', '.join(PARAM_TYPES)}, got {spec['type']!r}")
+    nullable = _bool(spec.get("nullable", False), where.at("nullable"))
+    default = spec.get("default", _MISSING)
+    if default is None and not nullable:
+        raise where.at("default").error("is null but the param is not nullable: add nullable: true")
+    return ParamDecl(
+        name=name,
+        type=spec["type"],
+        default=default,
+        nullable=nullable,
+        keyword_only=_bool(spec.get("keyword_only", False), where.at("keyword_only")),
+        doc=_str(spec.get("doc", ""), where.at("doc")),
+    )
+
+
+def _names_of_pattern(pattern: tuple[int | str, ...] | None) -> set[str]:
+    names = set()
+    for dim in pattern or ():
+        if isinstance(dim, str) and dim != "...":
+            names.add(dim.lstrip("*"))
+    return names
+
+
+def _entry(op: str, value: Any, source: str) -> OpEntry:
+    where = _Where(source, op)
+    if not op.isidentifier():
+        raise _Where(source).error(f"op name {op!r} is not a class name")
+    spec = _mapping(
+        value, where,
+        {"family", "summary", "signature", "ref_api", "tolerance", "workloads", "roofline"},
+        {"family", "summary", "signature", "ref_api", "tolerance", "workloads", "roofline"},
+    )
+    sig = _mapping(spec["signature"], where.at("signature"), {"inputs", "outputs", "params", "constraints"}, {"inputs", "outputs"})
+
+    params_spec = sig.get("params") or {}
+    params = tuple(
+        _param(name, v, where.at(f"signature.params.{name}"))
+        for name, v in _mapping(params_spec, where.at("signature.params"), set(params_spec)).items()
+    )
+    shape_params = {p.name for p in params if p.type == "shape"}
+    inputs: dict[str, TensorDecl] = {}
+    for name, v in _mapping(sig["inputs"], where.at("signature.inputs"), set(sig["inputs"] or {})).items():
+        inputs[name] = _tensor(name, v, where.at(f"signature.inputs.{name}"), list(inputs), shape_params, output=False, inputs=inputs)
+    if not inputs:
+        raise where.at("signature.inputs").error("an op needs at least one input tensor")
+    if not any(t.shape is not None and not t.cpu for t in inputs.values()):
+        raise where.at("signature.inputs").error("at least one input must state its shape and live on the call's device")
+    if inputs[next(iter(inputs))].optional:
+        raise where.at("signature.inputs").error("the first input decides the call's device and cannot be optional")
+    outputs: dict[str, TensorDecl] = {}
+    for name, v in _mapping(sig["outputs"], where.at("signature.outputs"), set(sig["outputs"] or {})).items():
+        if name in inputs:
+            raise where.at(f"signature.outputs.{name}").error("an output cannot share an input's name; use aliases")
+        outputs[name] = _tensor(name, v, where.at(f"signature.outputs.{name}"), list(inputs), shape_params, output=True, inputs=inputs)
+    if not outputs:
+        raise where.at("signature.outputs").error("an op needs at least one output")
+    clash = sorted(({t.out for t in outputs.values() if t.out} & (set(inputs) | {p.name for p in params})))
+    if clash:
+        raise where.at("signature.outputs").error(f"out keyword(s) {', '.join(clash)} clash with an input or param name")
+
+    dims = set().union(*(_names_of_pattern(t.shape) for t in inputs.values()))
+    param_names = {p.name for p in params}
+    overlap = sorted(dims & param_names - shape_params)
+    if overlap:
+        raise where.at("signature").error(f"dimension name(s) {', '.join(overlap)} clash with param names")
+    for name, t in outputs.items():
+        undefined = sorted(_names_of_pattern(t.shape) - dims - param_names)
+        if undefined:
+            raise where.at(f"signature.outputs.{name}.shape").error(
+                f"uses {', '.join(undefined)}, which no input shape or param binds"
+            )
+
+    constraints = []
+    for i, item in enumerate(sig.get("constraints") or []):
+        cwhere = where.at(f"signature.constraints[{i}]")
+        c = _mapping(item, cwhere, {"expr", "message"}, {"expr", "message"})
+        code = _expression(c["expr"], dims | param_names, cwhere.at("expr"))
+        at_construction = not (set(code.co_names) & (dims - param_names))
+        constraints.append(Constraint(c["expr"], code, _str(c["message"], cwhere.at("message")), at_construction))
+
+    ref_code = _expression(spec["ref_api"], set(inputs) | param_names | {"torch", "F"}, where.at("ref_api"), attributes=True)
+
+    tolerance = {}
+    for dname, tol in _mapping(spec["tolerance"], where.at("tolerance"), set(DTYPES)).items():
+        twhere = where.at(f"tolerance.{dname}")
+        tol = _mapping(tol, twhere, {"atol", "rtol"}, {"atol", "rtol"})
+        for k in ("atol", "rtol"):
+            if not isinstance(tol[k], (int, float)) or isinstance(tol[k], bool) or tol[k] < 0:
+                raise twhere.at(k).error(f"expected a non-negative number, got {tol[k]!r}")
+        tolerance[DTYPES[dname]] = (float(tol["atol"]), float(tol["rtol"]))
+
+    allowed_dtypes = set().union(*(set(t.dtypes) for t in inputs.values() if t.dtypes))
+    workloads = []
+    if not isinstance(spec["workloads"], list) or not spec["workloads"]:
+        raise where.at("workloads").error("expected a non-empty list of workloads")
+    for i, w in enumerate(spec["workloads"]):
+        wwhere = where.at(f"workloads[{i}]")
+        w = _mapping(w, wwhere, {"name", "shapes", "dtypes", "params"}, {"name", "shapes", "dtypes"})
+        shapes = {}
+        for tname, shape in _mapping(w["shapes"], wwhere.at("shapes"), set(inputs)).items():
+            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise wwhere.at(f"shapes.{tname}").error(f"expected a list of non-negative ints, got {shape!r}")
+            shapes[tname] = tuple(shape)
+        first = next(iter(inputs))
+        if first not in shapes:
+            raise wwhere.at("shapes").error(f"must give the shape of the first input {first!r}")
+        dtypes = tuple(_dtype(d, wwhere.at("dtypes")) for d in (w["dtypes"] or []))
+        bad = [d for d in dtypes if d not in allowed_dtypes or d not in tolerance]
+        if not dtypes or bad:
+            raise wwhere.at("dtypes").error(f"every dtype must be accepted by the inputs and have a tolerance; check {bad or w['dtypes']!r}")
+        wparams = _mapping(w.get("params") or {}, wwhere.at("params"), param_names)
+        missing = sorted(p.name for p in params if p.required and p.name not in wparams)
+        if missing:
+            raise wwhere.at("params").error(f"missing required param(s) {', '.join(missing)}")
+        workloads.append(Workload(_str(w["name"], wwhere.at("name")), shapes, dtypes, wparams))
+
+    roof = _mapping(spec["roofline"], where.at("roofline"), {"bytes", "flops"}, {"bytes", "flops"})
+    roof_names = dims | param_names | set(inputs) | set(outputs)
+    roofline = {k: _expression(roof[k], roof_names, where.at(f"roofline.{k}")) for k in ("bytes", "flops")}
+
+    return OpEntry(
+        name=op,
+        family=_str(spec["family"], where.at("family")),
+        summary=_str(spec["summary"], where.at("summary")),
+        inputs=tuple(inputs.values()),
+        outputs=tuple(outputs.values()),
+        params=params,
+        constraints=tuple(constraints),
+        ref_api=spec["ref_api"],
+        ref_code=ref_code,
+        tolerance=tolerance,
+        workloads=tuple(workloads),
+        roofline=roofline,
+        roofline_text={k: str(roof[k]) for k in ("bytes", "flops")},
+        source=source,
+    )
+
+
+def _expression(text: Any, names: set[str], where: _Where, *, attributes: bool = False):
+    try:
+        return compile_expression(text, names, attributes=attributes)
+    except ExpressionError as error:
+        raise where.error(str(error)) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe loading that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_manifest(text: str, source: str) -> dict[str, OpEntry]:
+    """Validate the YAML ``text`` of one manifest file; ``source`` names it in errors."""
+    try:
+        document = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as error:
+        raise ManifestError(f"{source}: not valid YAML: {error}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ManifestError(f"{source}: the top level must map op class names to entries")
+    return {op: _entry(op, value, source) for op, value in document.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def load_manifest(path: Any) -> Mapping[str, OpEntry]:
+    """Load and validate one manifest file (a path or an ``importlib.resources`` traversable)."""
+    return parse_manifest(path.read_text(encoding="utf-8"), str(path))

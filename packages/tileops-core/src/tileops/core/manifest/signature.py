@@ -1,0 +1,391 @@
+"""The checks an op runs on every call, derived once per op class from its manifest entry.
+
+``Signature.bind_params`` checks construction arguments; ``Signature.bind`` checks a call's
+tensors (presence, dtype, shape, device, contiguity, output buffers) and returns a
+``BoundCall``; ``Signature.empty_result`` builds the outputs of a call that writes nothing.
+Every failure is an ``OpArgumentError`` naming the op, the argument, what the signature
+declares and what came. Expressions were compiled by the loader; nothing is parsed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import OpArgumentError
+from .expressions import evaluate
+from .loader import OpEntry, ParamDecl, TensorDecl
+
+
+class BoundCall:
+    """One checked call: its inputs (read-only ones made contiguous), the caller's output
+    buffers, the call's device, the bound dimensions and the outputs' shapes and dtypes."""
+
+    __slots__ = ("inputs", "outs", "device", "dims", "output_shapes", "output_dtypes")
+
+    def __init__(self, inputs, outs, device, dims, output_shapes, output_dtypes) -> None:
+        self.inputs: tuple[torch.Tensor | None, ...] = inputs
+        self.outs: dict[str, torch.Tensor] = outs
+        self.device: torch.device = device
+        self.dims: dict[str, Any] = dims
+        self.output_shapes: tuple[tuple[int, ...], ...] = output_shapes
+        self.output_dtypes: tuple[torch.dtype, ...] = output_dtypes
+
+
+def _dtype_text(dtypes: Sequence[torch.dtype]) -> str:
+    return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def _pattern_text(pattern: Sequence[int | str]) -> str:
+    return "[" + ", ".join(str(d) for d in pattern) + "]"
+
+
+class _ParamCheck:
+    """Converts and checks one construction argument."""
+
+    def __init__(self, op: str, decl: ParamDecl) -> None:
+        self.op, self.decl = op, decl
+
+    def __call__(self, value: Any) -> Any:
+        decl = self.decl
+        if value is None:
+            if decl.nullable:
+                return None
+            return self._fail("a value (it is not nullable)", value)
+        kind = decl.type
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                return self._fail("an int", value)
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return self._fail("a float", value)
+            return float(value)
+        if kind == "bool":
+            if not isinstance(value, bool):
+                return self._fail("a bool", value)
+            return value
+        if kind == "str":
+            if not isinstance(value, str):
+                return self._fail("a str", value)
+            return value
+        if kind == "dtype":
+            if not isinstance(value, torch.dtype):
+                return self._fail("a torch.dtype", value)
+            return value
+        # shape: an int or a sequence of ints, as torch's normalized_shape
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = (value,)
+        if isinstance(value, (list, tuple, torch.Size)) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+        ):
+            return tuple(int(d) for d in value)
+        return self._fail("an int or a sequence of non-negative ints", value)
+
+    def _fail(self, expected: str, value: Any):
+        raise OpArgumentError(
+            f"{self.op}: param {self.decl.name!r} expected {expected}, got {value!r} ({type(value).__name__})"
+        )
+
+
+class Signature:
+    """The generated checks of one op class."""
+
+    def __init__(self, entry: OpEntry) -> None:
+        self.entry = entry
+        self.op = entry.name
+        self.input_names = tuple(t.name for t in entry.inputs)
+        self._input_index = {name: i for i, name in enumerate(self.input_names)}
+        self._required_inputs = tuple(t.name for t in entry.inputs if not t.optional)
+        self.out_keywords = {t.out: i for i, t in enumerate(entry.outputs) if t.out}
+        self._param_checks = {p.name: _ParamCheck(self.op, p) for p in entry.params}
+        self._first = entry.inputs[0].name
+        self._written_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.written)
+        self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
+        self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
+            t.name for t in entry.outputs if not t.aliases
+        )
+
+    # -- construction -------------------------------------------------------------------
+    def bind_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Check construction arguments; returns them converted, in signature order."""
+        unknown = sorted(set(given) - set(self._param_checks))
+        if unknown:
+            raise OpArgumentError(
+                f"{self.op}: unexpected param(s) {', '.join(unknown)}; it takes "
+                f"{', '.join(self._param_checks) or 'no params'}"
+            )
+        params = {}
+        for decl in self.entry.params:
+            if decl.name in given:
+                params[decl.name] = self._param_checks[decl.name](given[decl.name])
+            elif decl.required:
+                raise OpArgumentError(f"{self.op}: missing required param {decl.name!r}")
+            else:
+                params[decl.name] = decl.default
+        for constraint in self.entry.constraints:
+            if constraint.at_construction and not evaluate(constraint.code, params):
+                shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+                raise OpArgumentError(f"{self.op}: {constraint.message} (params: {shown}; rule: {constraint.text})")
+        return params
+
+    # -- call ---------------------------------------------------------------------------
+    def bind(self, params: Mapping[str, Any], args: tuple, kwargs: dict) -> BoundCall:
+        """Check one call's arguments against the signature."""
+        entry = self.entry
+        n_inputs = len(self.input_names)
+        if len(args) > n_inputs:
+            raise OpArgumentError(
+                f"{self.op}: takes at most {n_inputs} positional tensor(s) ({', '.join(self.input_names)}), "
+                f"got {len(args)}"
+            )
+        values: list[Any] = list(args) + [None] * (n_inputs - len(args))
+        outs: dict[str, torch.Tensor] = {}
+        for name, value in kwargs.items():
+            index = self._input_index.get(name)
+            if index is not None:
+                if index < len(args):
+                    raise OpArgumentError(f"{self.op}: got input {name!r} both by position and by keyword")
+                values[index] = value
+            elif name in self.out_keywords:
+                if value is not None:
+                    outs[name] = value
+            else:
+                raise OpArgumentError(
+                    f"{self.op}: unexpected argument {name!r}; it takes inputs {', '.join(self.input_names)}"
+                    + (f" and output buffers {', '.join(self.out_keywords)}" if self.out_keywords else "")
+                    + " (params such as eps are given when the op is constructed)"
+                )
+
+        first = values[0]
+        if not isinstance(first, torch.Tensor):
+            self._missing_or_wrong(entry.inputs[0], first)
+        device = first.device
+        dims: dict[str, Any] = {}
+        scope = params  # names a pattern may refer to: params, then bound dims
+        for i, decl in enumerate(entry.inputs):
+            tensor = values[i]
+            if tensor is None:
+                if not decl.optional:
+                    self._missing_or_wrong(decl, tensor)
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                self._missing_or_wrong(decl, tensor)
+            self._check_dtype(decl, tensor, values)
+            self._check_shape(decl, tensor, values, dims, scope)
+            if decl.cpu:
+                if tensor.device.type != "cpu":
+                    raise OpArgumentError(
+                        f"{self.op}: argument {decl.name!r} is declared device: cpu, got a tensor on {tensor.device}"
+                    )
+            elif tensor.device != device:
+                raise OpArgumentError(
+                    f"{self.op}: argument {decl.name!r} is on {tensor.device}, but the call's device "
+                    f"(from {self._first!r}) is {device}; move every tensor to one device"
+                )
+            if not decl.written:
+                if not tensor.is_contiguous():
+                    values[i] = tensor.contiguous()
+            elif decl.contiguous and not tensor.is_contiguous():
+                raise OpArgumentError(
+                    f"{self.op}: argument {decl.name!r} is written in place and must be contiguous; "
+                    f"got strides {tuple(tensor.stride())} for shape {tuple(tensor.shape)}"
+                )
+        if entry.constraints:
+            self._check_call_constraints(params, dims)
+        shapes, dtypes = self._output_layout(values, dims, params)
+        for keyword, buffer in outs.items():
+            self._check_out_buffer(keyword, buffer, shapes, dtypes, device)
+        return BoundCall(tuple(values), outs, device, dims, shapes, dtypes)
+
+    def writes_nothing(self, call: BoundCall) -> bool:
+        """True when every tensor the call writes is empty (so no implementation must run)."""
+        for shape, alias in zip(call.output_shapes, self._aliased):
+            if alias is None and 0 not in shape:
+                return False
+        for i in self._written_inputs:
+            tensor = call.inputs[i]
+            if tensor is not None and tensor.numel() != 0:
+                return False
+        return True
+
+    def empty_result(self, call: BoundCall):
+        """The outputs of a call that writes nothing, built from the signature."""
+        results = []
+        for i, decl in enumerate(self.entry.outputs):
+            if decl.aliases:
+                results.append(call.inputs[self._aliased[i]])
+            elif decl.out and decl.out in call.outs:
+                results.append(call.outs[decl.out])
+            else:
+                results.append(torch.empty(call.output_shapes[i], dtype=call.output_dtypes[i], device=call.device))
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def check_result(self, result: Any, call: BoundCall, producer: str):
+        """Cheap checks of what an implementation returned: count, type, shape and dtype."""
+        outputs = self.entry.outputs
+        items = (result,) if len(outputs) == 1 else result
+        if not isinstance(items, tuple) or len(items) != len(outputs):
+            raise OpArgumentError(
+                f"{self.op}: {producer} returned {type(result).__name__}, but the signature declares "
+                f"{len(outputs)} output(s): {', '.join(t.name for t in outputs)}"
+            )
+        for decl, item, shape, dtype in zip(outputs, items, call.output_shapes, call.output_dtypes):
+            if not isinstance(item, torch.Tensor) or item.shape != shape or item.dtype != dtype:
+                got = (
+                    f"{tuple(item.shape)} {item.dtype}" if isinstance(item, torch.Tensor) else type(item).__name__
+                )
+                raise OpArgumentError(
+                    f"{self.op}: {producer} returned output {decl.name!r} as {got}; the signature gives "
+                    f"{tuple(shape)} {dtype}"
+                )
+        return result
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _missing_or_wrong(self, decl: TensorDecl, value: Any):
+        if value is None:
+            raise OpArgumentError(f"{self.op}: missing required input {decl.name!r}")
+        raise OpArgumentError(f"{self.op}: argument {decl.name!r} expected a torch.Tensor, got {type(value).__name__}")
+
+    def _check_dtype(self, decl: TensorDecl, tensor: torch.Tensor, values: list) -> None:
+        if decl.dtypes is not None:
+            if tensor.dtype not in decl.dtypes:
+                raise OpArgumentError(
+                    f"{self.op}: argument {decl.name!r} expected dtype {_dtype_text(decl.dtypes)}, got {tensor.dtype}"
+                )
+            return
+        other = values[self._input_index[decl.dtype_same_as]]
+        if other is not None and tensor.dtype != other.dtype:
+            raise OpArgumentError(
+                f"{self.op}: argument {decl.name!r} must have the dtype of {decl.dtype_same_as!r} "
+                f"({other.dtype}), got {tensor.dtype}"
+            )
+
+    def _check_shape(self, decl: TensorDecl, tensor: torch.Tensor, values: list, dims: dict, scope) -> None:
+        shape = tuple(tensor.shape)
+        if decl.shape is None:
+            other = values[self._input_index[decl.shape_same_as]]
+            if other is not None and shape != tuple(other.shape):
+                raise OpArgumentError(
+                    f"{self.op}: argument {decl.name!r} must have the shape of {decl.shape_same_as!r} "
+                    f"{tuple(other.shape)}, got {shape}"
+                )
+            return
+        problem = _match(decl.shape, shape, dims, scope)
+        if problem is not None:
+            raise OpArgumentError(
+                f"{self.op}: argument {decl.name!r} expected shape {_pattern_text(decl.shape)}"
+                f"{_bindings_text(decl.shape, dims, scope)}, got {shape}: {problem}"
+            )
+
+    def _check_call_constraints(self, params: Mapping[str, Any], dims: dict) -> None:
+        namespace = None
+        for constraint in self.entry.constraints:
+            if constraint.at_construction:
+                continue
+            namespace = namespace or {**params, **dims}
+            if not evaluate(constraint.code, namespace):
+                shown = ", ".join(f"{k}={v!r}" for k, v in dims.items())
+                raise OpArgumentError(f"{self.op}: {constraint.message} (bound: {shown}; rule: {constraint.text})")
+
+    def _output_layout(self, values: list, dims: dict, params: Mapping[str, Any]):
+        shapes, dtypes = [], []
+        for decl in self.entry.outputs:
+            if decl.shape_same_as is not None:
+                source = values[self._input_index[decl.shape_same_as]]
+                shapes.append(tuple(source.shape))
+            else:
+                shapes.append(_expand(decl.shape, dims, params))
+            if decl.dtype_same_as is not None:
+                dtypes.append(values[self._input_index[decl.dtype_same_as]].dtype)
+            else:
+                dtypes.append(decl.dtypes[0])
+        return tuple(shapes), tuple(dtypes)
+
+    def _check_out_buffer(self, keyword: str, buffer: Any, shapes, dtypes, device) -> None:
+        index = self.out_keywords[keyword]
+        shape, dtype = shapes[index], dtypes[index]
+        if not isinstance(buffer, torch.Tensor):
+            raise OpArgumentError(f"{self.op}: output buffer {keyword!r} expected a torch.Tensor, got {type(buffer).__name__}")
+        if tuple(buffer.shape) != shape or buffer.dtype != dtype:
+            raise OpArgumentError(
+                f"{self.op}: output buffer {keyword!r} expected shape {shape} and dtype {dtype}, "
+                f"got {tuple(buffer.shape)} {buffer.dtype}"
+            )
+        if buffer.device != device:
+            raise OpArgumentError(f"{self.op}: output buffer {keyword!r} is on {buffer.device}, the call's device is {device}")
+        if not buffer.is_contiguous():
+            raise OpArgumentError(
+                f"{self.op}: output buffer {keyword!r} must be contiguous; got strides {tuple(buffer.stride())}"
+            )
+
+
+def _match(pattern, shape: tuple[int, ...], dims: dict, scope: Mapping[str, Any]) -> str | None:
+    """Bind ``pattern`` against ``shape`` into ``dims``; a description of the mismatch, or None."""
+    fixed = 0
+    free = None
+    for position, dim in enumerate(pattern):
+        if isinstance(dim, str) and (dim == "..." or dim[0] == "*"):
+            bound = scope.get(dim[1:]) if dim[0] == "*" else None
+            if bound is None:
+                bound = dims.get(dim[1:]) if dim[0] == "*" else None
+            if bound is None:
+                free = position
+                continue
+            fixed += len(bound)
+        else:
+            fixed += 1
+    if (free is None and len(shape) != fixed) or len(shape) < fixed:
+        return f"expected {'at least ' if free is not None else ''}{fixed} dimension(s), got {len(shape)}"
+    cursor = 0
+    for dim in pattern:
+        if isinstance(dim, int):
+            if shape[cursor] != dim:
+                return f"dimension {cursor} must be {dim}"
+            cursor += 1
+        elif dim == "..." or dim[0] == "*":
+            name = dim[1:]
+            bound = scope.get(name) if name else None
+            if bound is None and name:
+                bound = dims.get(name)
+            width = len(shape) - fixed if bound is None else len(bound)
+            part = shape[cursor:cursor + width]
+            if bound is not None and tuple(bound) != part:
+                return f"dimensions {cursor}..{cursor + width - 1} are {part}, {name} is {tuple(bound)}"
+            if name and bound is None:
+                dims[name] = part
+            cursor += width
+        else:
+            bound = scope.get(dim, dims.get(dim))
+            if bound is None:
+                dims[dim] = shape[cursor]
+            elif shape[cursor] != bound:
+                return f"dimension {cursor} ({dim}) must be {bound}"
+            cursor += 1
+    return None
+
+
+def _bindings_text(pattern, dims: Mapping[str, Any], scope: Mapping[str, Any]) -> str:
+    known = []
+    for dim in pattern:
+        if isinstance(dim, str) and dim != "...":
+            name = dim.lstrip("*")
+            value = scope.get(name, dims.get(name))
+            if value is not None:
+                known.append(f"{name}={value!r}")
+    return f" with {', '.join(known)}" if known else ""
+
+
+def _expand(pattern, dims: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[int, ...]:
+    shape: list[int] = []
+    for dim in pattern:
+        if isinstance(dim, int):
+            shape.append(dim)
+        elif dim[0] == "*":
+            name = dim[1:]
+            shape.extend(params[name] if name in params else dims[name])
+        else:
+            shape.append(params[dim] if dim in params else dims[dim])
+    return tuple(shape)

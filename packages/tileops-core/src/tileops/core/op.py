@@ -1,0 +1,289 @@
+"""``Op``: the base class of every op, and its call path.
+
+A call is checked against the signature generated from the op's manifest entry; a call that
+writes only empty tensors returns at once; otherwise the instance binds its target once and
+then either runs the target's kernel (cached by device and each input's presence, dtype and
+shape) or its own ``forward``, which asks ``kernel_for`` for an implementation of one of its
+kernel interfaces. A repeated call spec is one dictionary lookup; nothing reads the device
+or the registry on that path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from . import registry
+from .device_facts import DeviceFacts
+from .discovery import load_backends
+from .errors import BackendError, OpNotAvailableError
+from .kernel import CallSpec, Kernel, KernelInterface
+from .manifest import BoundCall, OpEntry, Signature, load_manifest
+from .registry import BUILTIN, describe_callable
+from .selection import InterfaceImplementations, Verdict, check_implementations
+from .targets import TensorSpec, check_target_name, choose_target
+
+class _MissingKernel(Kernel):
+    """Stands in for an in-tree implementation whose module cannot be imported."""
+
+    missing_because: ClassVar[str] = ""
+
+    @classmethod
+    def entry_for(cls, call):  # never selected: selection finds it unavailable first
+        raise BackendError(cls.missing_because)
+
+    def forward(self, *args, **kwargs):
+        raise BackendError(self.missing_because)
+
+
+def _resolve(op_name: str, interface: type[KernelInterface], key: str, ref: Any) -> type[Kernel]:
+    if not isinstance(ref, str):
+        return ref
+    module_name, _, qualname = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        # Only a distribution that is not installed makes the key unavailable; any other
+        # import failure is a bug in that module and must surface.
+        if error.name is None or not module_name.startswith(error.name):
+            raise
+        reason = f"{module_name} is not installed ({error}); install the distribution that provides it"
+        if module_name.startswith("tileops.kernels."):
+            reason = f"{module_name} is not installed; pip install tileops-kernels-{module_name.split('.')[2]}"
+        return type(
+            f"Missing_{key}",
+            (_MissingKernel, interface),
+            {"missing_because": reason, "devices": frozenset(), "__module__": __name__},
+        )
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Op:
+    """Base class of every op.
+
+    A subclass sets ``manifest_file`` (the family's YAML, as an ``importlib.resources``
+    traversable), ``kernel_interfaces`` and ``in_tree_kernels`` (interface -> key ->
+    implementation: a class, or "module:QualName" imported on first construction so that an op
+    can name kernels of a distribution that may not be installed), defines a constructor taking the manifest's params plus ``target=None``
+    and passing them to ``Op.__init__`` by keyword, and a ``forward`` that runs the in-tree
+    path through ``kernel_for``.
+    """
+
+    manifest_file: ClassVar[Any]
+    kernel_interfaces: ClassVar[tuple[type[KernelInterface], ...]] = ()
+    in_tree_kernels: ClassVar[Mapping[type[KernelInterface], Mapping[str, Any]]] = {}
+
+    # -- class level: built once per op class ----------------------------------------------
+    @classmethod
+    def manifest_entry(cls) -> OpEntry:
+        entries = load_manifest(cls.manifest_file)
+        if cls.__name__ not in entries:
+            raise BackendError(f"{cls.__name__} has no entry in {cls.manifest_file}")
+        return entries[cls.__name__]
+
+    @classmethod
+    def signature(cls) -> Signature:
+        cached = cls.__dict__.get("_signature_cache")
+        if cached is None:
+            cached = Signature(cls.manifest_entry())
+            cls._signature_cache = cached
+        return cached
+
+    @classmethod
+    def in_tree_classes(cls) -> dict[type[KernelInterface], dict[str, type[Kernel]]]:
+        cached = cls.__dict__.get("_in_tree_cache")
+        if cached is None:
+            cached = {
+                interface: {
+                    key: _resolve(cls.__name__, interface, key, ref)
+                    for key, ref in cls.in_tree_kernels.get(interface, {}).items()
+                }
+                for interface in cls.kernel_interfaces
+            }
+            cls._in_tree_cache = cached
+        return cached
+
+    # -- instance ------------------------------------------------------------------------------
+    def __init__(self, *, target: str | None = None, **params: Any) -> None:
+        cls = type(self)
+        name = cls.__name__
+        self._signature = cls.signature()
+        self.params: dict[str, Any] = self._signature.bind_params(params)
+        load_backends()
+        self._requested_target = None if target is None else check_target_name(target, f"{name}(target=...)")
+        in_tree = {key: impl for impls in cls.in_tree_classes().values() for key, impl in impls.items()}
+        registered = {key: reg.value for key, reg in registry.kernel_types(name).items()}
+        self._implementations: dict[type[KernelInterface], InterfaceImplementations] = check_implementations(
+            name, cls.kernel_interfaces, in_tree, registered
+        )
+        self._kernel_caches: dict[type[KernelInterface], dict[CallSpec, Kernel]] = {
+            interface: {} for interface in cls.kernel_interfaces
+        }
+        self._built: dict[tuple[str, Any], Kernel] = {}
+        self._target: str | None = None
+        self.target_reason = "not bound yet: the target is chosen on the first call that runs an implementation"
+        self._target_kernels: dict[tuple, Callable[..., Any]] = {}
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({params})"
+
+    @property
+    def target(self) -> str | None:
+        """The bound target (``BUILTIN`` for the in-tree implementations), or None if unbound."""
+        return self._target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        signature = self._signature
+        call = signature.bind(self.params, args, kwargs)
+        if signature.writes_nothing(call):
+            return signature.empty_result(call)
+        target = self._target
+        if target is None:
+            return self._bind_and_run(call)
+        return self._run(target, call)
+
+    def _run(self, target: str, call: BoundCall) -> Any:
+        if target == BUILTIN:
+            return self._signature.check_result(self.forward(*call.inputs, **call.outs), call, "forward")
+        key = (call.device, *[None if t is None else (t.dtype, t.shape) for t in call.inputs])
+        kernel = self._target_kernels.get(key)
+        if kernel is None:
+            kernel = self._build_target_kernel(target, call, key)
+        return self._signature.check_result(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
+
+    def _bind_and_run(self, call: BoundCall) -> Any:
+        name = type(self).__name__
+        target, reason = choose_target(name, self._requested_target, call.device)
+        if target != BUILTIN and registry.builder(name, target) is None:
+            serving = registry.targets_with_builder(name)
+            if any(impls.classes for impls in self._implementations.values()):
+                raise OpNotAvailableError(
+                    f"{name}: target {target!r} is bound ({reason}) but registers no kernel builder for "
+                    f"{name}, and the op does not fall back to its in-tree implementations. Targets that "
+                    f"serve {name}: {', '.join(serving) or 'none'}; or pass target={BUILTIN!r} to use the "
+                    "in-tree implementations"
+                )
+            target = BUILTIN
+        self._target, self.target_reason = target, reason
+        try:
+            return self._run(target, call)
+        except BaseException:
+            # The binding call failed: forget the choice and everything built under it.
+            self._target = None
+            self.target_reason = "not bound yet: the call that would have bound it failed"
+            self._target_kernels.clear()
+            self._built.clear()
+            for cache in self._kernel_caches.values():
+                cache.clear()
+            raise
+
+    def _build_target_kernel(self, target: str, call: BoundCall, key: tuple) -> Callable[..., Any]:
+        name = type(self).__name__
+        registration = registry.builder(name, target)
+        build = registration.value
+        specs = [None if t is None else TensorSpec.of(t) for t in call.inputs]
+        kernel = build(*specs, **self.params)
+        if not callable(kernel):
+            raise BackendError(
+                f"{name}: the kernel builder of target {target!r} ({describe_callable(build)}, registered by "
+                f"{registration.module}) returned {type(kernel).__name__}, which is not callable; "
+                "build_kernel must return the kernel to call"
+            )
+        self._target_kernels[key] = kernel
+        return kernel
+
+    # -- the in-tree path ---------------------------------------------------------------------
+    def forward(self, *inputs: Any, **outs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no in-tree forward")
+
+    def kernel_for(self, interface: type[KernelInterface], call: CallSpec) -> Kernel:
+        """The implementation of ``interface`` that serves ``call``: selected, built once per
+        build identity, and cached by ``call``."""
+        kernel = self._kernel_caches[interface].get(call)
+        if kernel is None:
+            kernel = self._select_and_build(interface, call)
+        return kernel
+
+    def _select_and_build(self, interface: type[KernelInterface], call: CallSpec) -> Kernel:
+        call.validate()
+        implementations = self._implementations[interface]
+        key = implementations.select(call)
+        cls = implementations.classes[key]
+        identity, factory = cls.entry_for(call)
+        kernel = self._built.get((key, identity))
+        if kernel is None:
+            kernel = factory()
+            if not isinstance(kernel, cls):
+                raise BackendError(
+                    f"{type(self).__name__}: {cls.__qualname__}.entry_for returned a factory that built "
+                    f"{type(kernel).__name__}, not a {cls.__qualname__}"
+                )
+            self._built[(key, identity)] = kernel
+        self._kernel_caches[interface][call] = kernel
+        return kernel
+
+    def verdicts(
+        self, interface: type[KernelInterface], call: CallSpec, facts: DeviceFacts | None = None
+    ) -> list[Verdict]:
+        """Every key's verdict for ``call``; with ``facts``, as if the device had those facts."""
+        implementations = self._implementations[interface]
+        if facts is None:
+            return implementations.verdicts(call)
+        return implementations.verdicts(call, lambda _call: facts)
+
+    def implementations(self) -> dict[type[KernelInterface], InterfaceImplementations]:
+        return dict(self._implementations)
+
+    def built_kernels(self) -> list[tuple[str, Any]]:
+        """(key, kernel) of every in-tree kernel this instance has built, in build order; for a
+        bound target, (target, kernel) of each of its kernels."""
+        return [(key, kernel) for (key, _), kernel in self._built.items()] + [
+            (self._target or "", kernel) for kernel in self._target_kernels.values()
+        ]
+
+    def request_tune(self) -> None:
+        """Ask every kernel this instance has built to tune itself on its next call."""
+        for kernel in [*self._built.values(), *self._target_kernels.values()]:
+            request = getattr(kernel, "request_tune", None)
+            if callable(request):
+                request()
+
+
+def constructor_mismatch(cls: type[Op]) -> list[str]:
+    """How ``cls.__init__`` disagrees with its manifest params (names, order, defaults)."""
+    entry = cls.manifest_entry()
+    params = [p for p in inspect.signature(cls.__init__).parameters.values()][1:]
+    problems = []
+    got = [p for p in params if p.name != "target"]
+    expected = list(entry.params)
+    if [p.name for p in got] != [p.name for p in expected]:
+        problems.append(
+            f"{cls.__name__}.__init__ takes ({', '.join(p.name for p in got)}), the manifest declares "
+            f"({', '.join(p.name for p in expected)})"
+        )
+        return problems
+    for param, decl in zip(got, expected):
+        has_default = param.default is not inspect.Parameter.empty
+        if has_default == decl.required or (has_default and param.default != decl.default):
+            problems.append(
+                f"{cls.__name__}.__init__: {param.name} defaults to "
+                f"{param.default if has_default else 'nothing'}, the manifest says "
+                f"{'nothing' if decl.required else repr(decl.default)}"
+            )
+        if (param.kind is inspect.Parameter.KEYWORD_ONLY) != decl.keyword_only:
+            problems.append(
+                f"{cls.__name__}.__init__: {param.name} is {'' if param.kind is inspect.Parameter.KEYWORD_ONLY else 'not '}"
+                f"keyword-only, the manifest says keyword_only: {str(decl.keyword_only).lower()}"
+            )
+    target = next((p for p in params if p.name == "target"), None)
+    if target is None or target.kind is not inspect.Parameter.KEYWORD_ONLY or target.default is not None:
+        problems.append(f"{cls.__name__}.__init__ must take target=None as a keyword-only argument")
+    return problems

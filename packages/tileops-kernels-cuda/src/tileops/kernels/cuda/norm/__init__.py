@@ -1,0 +1,169 @@
+"""TileLang implementations of the norm family's kernel interfaces.
+
+Four variants per interface, each a key (``kind`` is rms_norm, layer_norm, add_rms_norm or
+add_layer_norm): ``<kind>`` keeps the row in registers (short and
+ordinary rows), ``<kind>_shared`` stages it in shared memory (medium rows), ``<kind>_streamed``
+reads it twice (any length), and ``<kind>_scalar`` serves every length and alignment without
+vector accesses. Their boundaries are the ``programs`` module's refusals; where several serve
+a call the order above decides (``preferred_over``), and the scalar one is ``general``.
+
+Importing this module does not import tilelang; building a kernel does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from tileops.backend import Kernel
+from tileops.ops.norm import (
+    FusedAddLayerNormFwdInterface,
+    FusedAddRMSNormFwdInterface,
+    LayerNormFwdInterface,
+    NormCall,
+    RMSNormFwdInterface,
+)
+
+from . import programs
+from ..device import compile_target
+
+
+class _TileLangNorm(Kernel):
+    """One compiled TileLang normalisation for a (kind, variant, n, dtype, eps, flags, device)."""
+
+    kind: ClassVar[str]
+    variant: ClassVar[str]
+
+    def __init__(self, call: NormCall) -> None:
+        super().__init__()
+        self._kernel = programs.build(
+            self.kind, self.variant, call.n, call.dtype, call.eps,
+            has_weight=call.has_weight, has_bias=call.has_bias, target=compile_target(call.device),
+        )
+        self.config = {"variant": self.variant}
+
+    @classmethod
+    def refusal(cls, call: NormCall) -> str | None:
+        return programs.REFUSALS[cls.variant](call.n, call.dtype, call.aligned)
+
+    @classmethod
+    def entry_for(cls, call: NormCall):
+        identity = (call.device, call.n, call.dtype, call.eps, call.has_weight, call.has_bias)
+        return identity, lambda: cls(call)
+
+    def _launch(self, x: torch.Tensor, *tensors: Any) -> torch.Tensor:
+        y = torch.empty_like(x)
+        self._kernel(x, *[t for t in tensors if t is not None], y)
+        return y
+
+    def _launch_fused(self, x: torch.Tensor, residual: torch.Tensor, *tensors: Any):
+        y = torch.empty_like(x)
+        total = torch.empty_like(x)
+        self._kernel(x, residual, *[t for t in tensors if t is not None], y, total)
+        return y, total
+
+
+class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
+    kind = "rms_norm"
+
+    def forward(self, x, weight):
+        return self._launch(x, weight)
+
+
+class _LayerNorm(_TileLangNorm, LayerNormFwdInterface):
+    kind = "layer_norm"
+
+    def forward(self, x, weight, bias):
+        return self._launch(x, weight, bias)
+
+
+class _FusedAddRMSNorm(_TileLangNorm, FusedAddRMSNormFwdInterface):
+    kind = "add_rms_norm"
+
+    def forward(self, x, residual, weight):
+        return self._launch_fused(x, residual, weight)
+
+
+class _FusedAddLayerNorm(_TileLangNorm, FusedAddLayerNormFwdInterface):
+    kind = "add_layer_norm"
+
+    def forward(self, x, residual, weight, bias):
+        return self._launch_fused(x, residual, weight, bias)
+
+
+# Keys: "<kind>" (registers), "<kind>_shared", "<kind>_streamed", "<kind>_scalar".
+class RMSNormKernel(_RMSNorm):
+    variant = "register"
+    preferred_over = frozenset({"rms_norm_shared"})
+
+
+class RMSNormSharedKernel(_RMSNorm):
+    variant = "shared"
+    preferred_over = frozenset({"rms_norm_streamed"})
+
+
+class RMSNormStreamedKernel(_RMSNorm):
+    variant = "streamed"
+
+
+class RMSNormScalarKernel(_RMSNorm):
+    variant = "scalar"
+    general = True
+
+
+class LayerNormKernel(_LayerNorm):
+    variant = "register"
+    preferred_over = frozenset({"layer_norm_shared"})
+
+
+class LayerNormSharedKernel(_LayerNorm):
+    variant = "shared"
+    preferred_over = frozenset({"layer_norm_streamed"})
+
+
+class LayerNormStreamedKernel(_LayerNorm):
+    variant = "streamed"
+
+
+class LayerNormScalarKernel(_LayerNorm):
+    variant = "scalar"
+    general = True
+
+
+class FusedAddRMSNormKernel(_FusedAddRMSNorm):
+    variant = "register"
+    preferred_over = frozenset({"add_rms_norm_shared"})
+
+
+class FusedAddRMSNormSharedKernel(_FusedAddRMSNorm):
+    variant = "shared"
+    preferred_over = frozenset({"add_rms_norm_streamed"})
+
+
+class FusedAddRMSNormStreamedKernel(_FusedAddRMSNorm):
+    variant = "streamed"
+
+
+class FusedAddRMSNormScalarKernel(_FusedAddRMSNorm):
+    variant = "scalar"
+    general = True
+
+
+class FusedAddLayerNormKernel(_FusedAddLayerNorm):
+    variant = "register"
+    preferred_over = frozenset({"add_layer_norm_shared"})
+
+
+class FusedAddLayerNormSharedKernel(_FusedAddLayerNorm):
+    variant = "shared"
+    preferred_over = frozenset({"add_layer_norm_streamed"})
+
+
+class FusedAddLayerNormStreamedKernel(_FusedAddLayerNorm):
+    variant = "streamed"
+
+
+class FusedAddLayerNormScalarKernel(_FusedAddLayerNorm):
+    variant = "scalar"
+    general = True

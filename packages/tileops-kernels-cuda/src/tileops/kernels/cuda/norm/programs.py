@@ -1,0 +1,489 @@
+"""TileLang programs for the forward pass of row normalisations (CUDA).
+
+Role: this module is the kernel layer of TileOPs' norm operators. It builds and
+compiles TileLang kernels that normalise each row of a 2-D, row-major,
+contiguous (M, N) tensor over its last dimension:
+
+* ``rms_norm``        y = x * rsqrt(mean(x^2) + eps) [* weight]
+* ``layer_norm``      y = (x - mean) * rsqrt(var + eps) [* weight] [+ bias]
+  (biased variance, as torch computes it)
+* ``add_rms_norm``    s = x + residual, y = rms_norm(s); returns y and s
+* ``add_layer_norm``  s = x + residual, y = layer_norm(s); returns y and s
+
+For the fused kinds, s is rounded to the input dtype first and the statistics
+are computed from that rounded s, exactly as ``F.rms_norm(x + r)`` does in
+torch. Inputs may be float16, bfloat16 or float32 (weight and bias in x's
+dtype); statistics are accumulated in float32; outputs are in x's dtype.
+
+M is a dynamic (symbolic) dimension, so one compiled kernel serves every batch
+size; N, the dtype, eps and the weight/bias flags are compile-time constants.
+
+Variants (the dispatcher chooses with the ``*_refusal`` functions, or takes
+``choose_variant``, which applies them in the preference order ``VARIANTS``):
+
+* ``register``  each thread keeps its slice of the row in registers between the
+  statistics pass and the normalisation pass; x is read from HBM once.
+* ``shared``    the row is parked in shared memory instead, for rows too long
+  for the register file; x is still read from HBM once.
+* ``streamed``  nothing is kept: the row is read again for the second pass
+  (mostly an L2 hit), so any row length fits.
+* ``scalar``    the fallback for any N and any alignment: element-wise
+  (unvectorised) accesses, register-cached for short rows, streamed otherwise.
+
+The first three use 16-byte vector accesses and therefore need
+N * itemsize % 16 == 0 and 16-byte aligned data pointers.
+
+Kernel call convention (positional, caller-allocated outputs, no out_idx)::
+
+    rms_norm        kernel(x, [weight], y)
+    layer_norm      kernel(x, [weight], [bias], y)
+    add_rms_norm    kernel(x, residual, [weight], y, s)
+    add_layer_norm  kernel(x, residual, [weight], [bias], y, s)
+
+An argument in brackets is absent from the call (not passed as None) when its
+flag (``has_weight`` / ``has_bias``) is False; ``kernel_arguments`` returns the
+exact list. x, residual, y and s are (M, N) with M >= 1; weight and bias are
+(N,). The kernel launches on torch's current stream, does not synchronise and
+allocates nothing. Every tensor must be contiguous and on the same device.
+
+Importing this module does not import tilelang (that costs seconds and the
+library must import without it); only the build functions do.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func
+# annotations, which must stay objects rather than strings.
+
+import json
+import math
+import threading
+from typing import Any
+
+import torch
+
+KINDS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm")
+
+# Preference order: the first variant that does not refuse is the fastest one
+# that serves the case (boundaries measured on an H200, see the refusals).
+VARIANTS = ("register", "shared", "streamed", "scalar")
+
+DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
+
+_TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+# Largest row, in bytes, that each cached variant serves (see their refusals).
+_REGISTER_MAX_ROW_BYTES = 64 * 1024
+_SHARED_MAX_ROW_BYTES = 128 * 1024
+# The scalar fallback keeps at most this many elements per thread in registers.
+_SCALAR_MAX_CACHED_PER_THREAD = 16
+_MAX_THREADS = 1024
+
+
+# --------------------------------------------------------------------------
+# Refusals: pure Python, no tilelang.
+# --------------------------------------------------------------------------
+
+
+def _common_refusal(n: int, dtype: torch.dtype) -> str | None:
+    if dtype not in _TL_DTYPES:
+        return f"dtype {dtype} is not supported: use float16, bfloat16 or float32"
+    if n < 1:
+        return f"N={n}: the normalised dimension must hold at least one element"
+    return None
+
+
+def _vector_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
+    reason = _common_refusal(n, dtype)
+    if reason:
+        return reason
+    itemsize = dtype.itemsize
+    if (n * itemsize) % 16:
+        return (
+            f"rows of N={n} {dtype} elements are {n * itemsize} bytes, not a multiple of 16: "
+            "16-byte vector access needs N a multiple of "
+            f"{16 // itemsize}; the 'scalar' variant serves any N"
+        )
+    if not aligned:
+        return "a data pointer is not 16-byte aligned: pass contiguous, 16-byte aligned tensors or use 'scalar'"
+    return None
+
+
+def register_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
+    """None if the 'register' variant serves (n, dtype, aligned), else why not.
+
+    Needs 16-byte vector access and a row of at most 64 KiB, so that
+    1024 threads hold it in at most 16 registers each (beyond that the
+    'shared' variant is as fast and spills nothing).
+    """
+    reason = _vector_refusal(n, dtype, aligned)
+    if reason:
+        return reason
+    if n * dtype.itemsize > _REGISTER_MAX_ROW_BYTES:
+        return (
+            f"a row of {n * dtype.itemsize} bytes exceeds the register variant's "
+            f"{_REGISTER_MAX_ROW_BYTES} bytes: use 'shared' or 'streamed'"
+        )
+    return None
+
+
+def shared_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
+    """None if the 'shared' variant serves (n, dtype, aligned), else why not.
+
+    Needs 16-byte vector access and a row that fits the shared-memory budget
+    of one block (128 KiB, leaving room on the SM for the next block).
+    """
+    reason = _vector_refusal(n, dtype, aligned)
+    if reason:
+        return reason
+    if n * dtype.itemsize > _SHARED_MAX_ROW_BYTES:
+        return (
+            f"a row of {n * dtype.itemsize} bytes exceeds the shared variant's "
+            f"{_SHARED_MAX_ROW_BYTES} bytes: use 'streamed'"
+        )
+    return None
+
+
+def streamed_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
+    """None if the 'streamed' variant serves (n, dtype, aligned), else why not.
+
+    Serves any row length; needs only 16-byte vector access.
+    """
+    return _vector_refusal(n, dtype, aligned)
+
+
+def scalar_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
+    """None if the 'scalar' fallback serves (n, dtype, aligned), else why not.
+
+    Serves every N >= 1 at any alignment; refuses only unsupported dtypes.
+    """
+    return _common_refusal(n, dtype)
+
+
+REFUSALS = {
+    "register": register_refusal,
+    "shared": shared_refusal,
+    "streamed": streamed_refusal,
+    "scalar": scalar_refusal,
+}
+
+
+def choose_variant(n: int, dtype: torch.dtype, aligned: bool) -> str:
+    """The preferred variant serving (n, dtype, aligned); ValueError if none does."""
+    for variant in VARIANTS:
+        if REFUSALS[variant](n, dtype, aligned) is None:
+            return variant
+    raise ValueError(scalar_refusal(n, dtype, aligned))
+
+
+def kernel_arguments(kind: str, has_weight: bool, has_bias: bool) -> tuple[str, ...]:
+    """Names of the compiled kernel's positional arguments, in call order."""
+    _check_kind(kind, has_bias)
+    fused = kind.startswith("add_")
+    args = ["x"]
+    if fused:
+        args.append("residual")
+    if has_weight:
+        args.append("weight")
+    if has_bias:
+        args.append("bias")
+    args.append("y")
+    if fused:
+        args.append("s")
+    return tuple(args)
+
+
+def _check_kind(kind: str, has_bias: bool) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}: expected one of {KINDS}")
+    if has_bias and kind.endswith("rms_norm"):
+        raise ValueError(f"{kind} takes no bias")
+
+
+# --------------------------------------------------------------------------
+# Launch configuration: pure Python.
+# --------------------------------------------------------------------------
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def _launch_config(variant: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
+    """Vector width, threads per row, rows per block and caching mode.
+
+    Short rows share a block (rows per block > 1) so that every block has at
+    least 128 threads; long rows get up to 1024 threads, each thread handling
+    a few 16-byte vectors so that enough loads are in flight per thread.
+    """
+    itemsize = dtype.itemsize
+    if variant == "scalar":
+        vec = 1
+        cached = math.ceil(n / _MAX_THREADS) <= _SCALAR_MAX_CACHED_PER_THREAD
+        mode = "register" if cached else "streamed"
+        per_thread = 8
+    else:
+        vec = 16 // itemsize
+        mode = variant
+        # Vectors per thread: 4 keeps registers low while 4 loads are in flight.
+        per_thread = 4
+    nv = n // vec
+    tpr = min(_pow2_ceil(math.ceil(nv / per_thread)), _MAX_THREADS)
+    rows = max(1, 128 // tpr)
+    return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": 4}
+
+
+# --------------------------------------------------------------------------
+# Program construction and compilation (tilelang imported lazily).
+# --------------------------------------------------------------------------
+
+
+def make_program(
+    kind: str,
+    n: int,
+    dtype: torch.dtype,
+    eps: float,
+    has_weight: bool,
+    has_bias: bool,
+    *,
+    vec: int,
+    tpr: int,
+    rows: int,
+    mode: str,
+    unroll: int = 4,
+):
+    """The TileLang PrimFunc for one configuration (see ``_launch_config``).
+
+    vec: elements per access (16-byte vectors, or 1); tpr: threads per row, a
+    power of two <= 1024; rows: rows per block; mode: where the row lives
+    between the two passes, "register", "shared" or "streamed"; unroll:
+    vectors in flight per thread and step in streamed mode.
+    """
+    import tilelang.language as T
+
+    _check_kind(kind, has_bias)
+    if n % vec or tpr & (tpr - 1) or tpr * rows > _MAX_THREADS:
+        raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} for N={n}")
+    fused = kind.startswith("add_")
+    layer = kind.endswith("layer_norm")
+    dt = _TL_DTYPES[dtype]
+    f32 = "float32"
+    threads = tpr * rows
+    nv = n // vec  # vectors per row
+    iters = math.ceil(nv / tpr)  # vectors per thread
+    cached = mode in ("register", "shared")
+    # Cached modes walk all of a thread's vectors in one unrolled step; the
+    # streamed mode walks them `unroll` at a time in a runtime loop.
+    step = iters if cached else min(unroll, iters)
+    steps = math.ceil(iters / step)
+    warps_per_row = max(1, tpr // 32)
+    inv_n = 1.0 / n
+    eps = float(eps)
+
+    m = T.dynamic("m")
+    # Each parameter needs its own annotation object: parameters annotated with
+    # the same object would share one buffer. An annotation that is not a
+    # buffer makes the parameter a compile-time constant, left out of the
+    # kernel's signature.
+    absent = 0
+    x_t, y_t = T.Tensor((m, n), dt), T.Tensor((m, n), dt)
+    r_t = T.Tensor((m, n), dt) if fused else absent
+    s_t = T.Tensor((m, n), dt) if fused else absent
+    w_t = T.Tensor((n,), dt) if has_weight else absent
+    b_t = T.Tensor((n,), dt) if has_bias else absent
+
+    def f(e):
+        return T.cast(e, f32)
+
+    def normalised(c, col, mean, rstd, w, b):
+        """y at column col, from c, the float32 value of x (or s) there."""
+        o = (c - mean) * rstd if layer else c * rstd
+        if has_weight:
+            o = o * f(w[col])
+        if has_bias:
+            o = o + f(b[col])
+        return T.cast(o, dt)
+
+    @T.macro
+    def row_sum(acc, first, count, red, tx):
+        """Replace acc[first:first + count] by their sums over each row's threads.
+
+        Rows of up to 32 threads reduce with shuffles alone; longer rows add
+        one round through shared memory (one barrier for all `count` values).
+        """
+        if tpr <= 32:
+            for i in [first + c for c in range(count)]:
+                for off in [1 << k for k in reversed(range(tpr.bit_length() - 1))]:
+                    acc[i] = acc[i] + T.shfl_xor(acc[i], off)
+        else:
+            for i in [first + c for c in range(count)]:
+                acc[i] = T.warp_reduce_sum(acc[i])
+                if tx % 32 == 0:
+                    red[i * rows * warps_per_row + tx // 32] = acc[i]
+            T.sync_threads()
+            for i in [first + c for c in range(count)]:
+                acc[i] = f(0)
+                for k in T.unroll(warps_per_row):
+                    acc[i] = acc[i] + red[i * rows * warps_per_row + (tx // tpr) * warps_per_row + k]
+
+    @T.prim_func
+    def main(x: x_t, r: r_t, w: w_t, b: b_t, y: y_t, s: s_t):
+        with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % tpr
+            row = bx * rows + tx // tpr
+            # Threads past the last row of the tail block read a valid row (so
+            # that they join the block's barriers without branches) and store nothing.
+            src = T.min(row, m - 1)
+            if mode == "register":
+                buf = T.alloc_local((iters * vec,), dt)
+            elif mode == "shared":
+                buf = T.alloc_shared((iters * threads * vec,), dt)
+            else:
+                buf = T.alloc_local((step * vec,), dt)
+            res = T.alloc_local((step * vec,), dt)
+            red = T.alloc_shared((2 * rows * warps_per_row,), f32)
+            # acc[0]: sum of squares (rms) or of values; acc[1]: of squared deviations.
+            acc = T.alloc_local((2,), f32)
+            acc[0] = f(0)
+            acc[1] = f(0)
+            mean = T.alloc_var(f32, init=0.0)
+            shift = T.alloc_var(f32, init=0.0)
+            rstd = T.alloc_var(f32, init=0.0)
+
+            if layer and not cached:
+                # One-pass variance around the row's first value: close to the
+                # mean in scale, so sum(d^2)/N - (sum(d)/N)^2 does not cancel.
+                if fused:
+                    shift = f(T.cast(f(x[src, 0]) + f(r[src, 0]), dt))
+                else:
+                    shift = f(x[src, 0])
+
+            # Pass 1: load (and add) the row, write s, accumulate statistics.
+            for st in T.serial(steps):
+                for u in T.unroll(step):
+                    vi = (st * step + u) * tpr + lane
+                    slot = (st * step + u) if cached else u
+                    bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
+                    if vi < nv:
+                        for v in T.vectorized(vec):
+                            buf[bi + v] = x[src, vi * vec + v]
+                        if fused:
+                            for v in T.vectorized(vec):
+                                res[u * vec + v] = r[src, vi * vec + v]
+                for u in T.unroll(step):
+                    vi = (st * step + u) * tpr + lane
+                    slot = (st * step + u) if cached else u
+                    bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
+                    if vi < nv:
+                        if fused:
+                            for v in T.vectorized(vec):
+                                buf[bi + v] = T.cast(f(buf[bi + v]) + f(res[u * vec + v]), dt)
+                            if row < m:
+                                for v in T.vectorized(vec):
+                                    s[row, vi * vec + v] = buf[bi + v]
+                        for v in T.unroll(vec):
+                            if not layer:
+                                acc[0] = acc[0] + f(buf[bi + v]) * f(buf[bi + v])
+                            elif cached:
+                                acc[0] = acc[0] + f(buf[bi + v])
+                            else:
+                                acc[0] = acc[0] + (f(buf[bi + v]) - shift)
+                                acc[1] = acc[1] + (f(buf[bi + v]) - shift) * (f(buf[bi + v]) - shift)
+
+            if layer and cached:
+                # Exact two-pass variance from the cached row.
+                row_sum(acc, 0, 1, red, tx)
+                mean = acc[0] * inv_n
+                for it in T.unroll(iters):
+                    vi = it * tpr + lane
+                    bi = (it * threads + tx) * vec if mode == "shared" else it * vec
+                    if vi < nv:
+                        for v in T.unroll(vec):
+                            acc[1] = acc[1] + (f(buf[bi + v]) - mean) * (f(buf[bi + v]) - mean)
+                row_sum(acc, 1, 1, red, tx)
+                rstd = T.rsqrt(acc[1] * inv_n + eps)
+            elif layer:
+                row_sum(acc, 0, 2, red, tx)
+                mean = acc[0] * inv_n
+                rstd = T.rsqrt(T.max(acc[1] * inv_n - mean * mean, f(0)) + eps)
+                mean = mean + shift
+            else:
+                row_sum(acc, 0, 1, red, tx)
+                rstd = T.rsqrt(acc[0] * inv_n + eps)
+
+            # Pass 2: normalise from the cached row, or re-read it (s holds the
+            # rounded sum in the fused kinds) and normalise.
+            if row < m:
+                for st in T.serial(steps):
+                    if not cached:
+                        for u in T.unroll(step):
+                            vi = (st * step + u) * tpr + lane
+                            if vi < nv:
+                                for v in T.vectorized(vec):
+                                    if fused:
+                                        buf[u * vec + v] = s[row, vi * vec + v]
+                                    else:
+                                        buf[u * vec + v] = x[row, vi * vec + v]
+                    for u in T.unroll(step):
+                        vi = (st * step + u) * tpr + lane
+                        slot = (st * step + u) if cached else u
+                        bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
+                        if vi < nv:
+                            for v in T.vectorized(vec):
+                                y[row, vi * vec + v] = normalised(f(buf[bi + v]), vi * vec + v, mean, rstd, w, b)
+
+    return main
+
+
+_CACHE: dict[tuple, Any] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def build(
+    kind: str,
+    variant: str,
+    n: int,
+    dtype: torch.dtype,
+    eps: float,
+    has_weight: bool = True,
+    has_bias: bool = False,
+    target: str | dict | None = None,
+):
+    """Compile (once per process) and return the kernel for one configuration.
+
+    kind: one of ``KINDS``; variant: one of ``VARIANTS`` (it must not refuse
+    ``n`` and ``dtype``; alignment is the caller's to check); n: row length;
+    dtype: torch.float16 / bfloat16 / float32; eps: compile-time epsilon;
+    has_weight / has_bias: whether those arguments exist (rms kinds take no
+    bias); target: a tilelang target, ``DEFAULT_TARGET`` when None ("cuda"
+    auto-detects on a machine with a GPU).
+
+    The returned kernel is called with the tensors listed by
+    ``kernel_arguments(kind, has_weight, has_bias)``, in that order.
+    """
+    _check_kind(kind, has_bias)
+    if variant not in REFUSALS:
+        raise ValueError(f"unknown variant {variant!r}: expected one of {VARIANTS}")
+    reason = REFUSALS[variant](n, dtype, True)
+    if reason:
+        raise ValueError(f"{variant} variant cannot serve N={n} {dtype}: {reason}")
+    target = DEFAULT_TARGET if target is None else target
+    config = _launch_config(variant, n, dtype)
+    return compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config)
+
+
+def compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config):
+    """``build`` for an explicit launch configuration (``make_program``'s keywords).
+
+    Cached per process on every argument; ``build`` and tuning scripts use it.
+    """
+    key = (kind, n, dtype, float(eps), bool(has_weight), bool(has_bias), json.dumps(target, sort_keys=True),
+           tuple(sorted(config.items())))
+    with _CACHE_LOCK:
+        kernel = _CACHE.get(key)
+        if kernel is None:
+            import tilelang
+
+            program = make_program(kind, n, dtype, eps, has_weight, has_bias, **config)
+            kernel = tilelang.compile(program, target=target)
+            _CACHE[key] = kernel
+    return kernel

@@ -1,0 +1,74 @@
+"""Argument parsing and the subcommands of the ``tileops`` command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+from collections.abc import Sequence
+
+import torch
+
+
+def _version() -> str:
+    return importlib.metadata.version("tileops-ops")
+
+
+def _best_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Run every op once on the best device present and print what served each call."""
+    from tileops.backend import load_failures, registered_targets
+    from tileops.ops import FAMILIES
+
+    device = torch.device(args.device) if args.device else _best_device()
+    print(f"TileOPs {_version()} on {device} (torch {torch.__version__})")
+    print(f"targets registered: {', '.join(registered_targets()) or 'none'}")
+    for failure in load_failures():
+        print(f"backend failed to load: {failure}")
+    generator = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for family, ops in FAMILIES.items():
+        print(f"\n{family} (each op on its first manifest workload):")
+        for op_class in ops:
+            workload = op_class.manifest_entry().workloads[0]
+            op = op_class(**workload.params)
+            inputs = {
+                name: torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+                for name, shape in workload.shapes.items()
+            }
+            op(**inputs)
+            served = ", ".join(sorted({key for key, _ in op.built_kernels()})) or "-"
+            print(
+                f"  {op_class.__name__:<24} {workload.name:<10} x{tuple(inputs['x'].shape)} "
+                f"{str(dtype).removeprefix('torch.')}  target={op.target}  served by {served}"
+            )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tileops",
+        description="TileOPs: PyTorch operators with TileLang kernels and pluggable backends.",
+    )
+    parser.add_argument("--version", action="version", version=f"tileops {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = commands.add_parser("demo", help="run every op once and print what served each call")
+    demo.add_argument("--device", help="device to run on (default: cuda if present, else cpu)")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The norm family's ops: RMSNorm and LayerNorm forward, alone and fused with a residual add.
+
+Each op flattens its input to (m, n) rows, builds the call spec its interface takes, and runs
+the implementation selection picks. Constructors take what torch's functional API takes.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib.resources import files
+from typing import Any
+
+import torch
+
+from tileops.core import Op
+
+from . import cpu
+from .interfaces import (
+    FusedAddLayerNormCall,
+    FusedAddLayerNormFwdInterface,
+    FusedAddRMSNormCall,
+    FusedAddRMSNormFwdInterface,
+    LayerNormCall,
+    LayerNormFwdInterface,
+    RMSNormCall,
+    RMSNormFwdInterface,
+)
+
+
+
+def _cuda(kind: str, class_prefix: str) -> dict[str, str]:
+    """The in-tree TileLang keys of one kind (see tileops.kernels.cuda.norm)."""
+    module = "tileops.kernels.cuda.norm"
+    return {
+        kind: f"{module}:{class_prefix}Kernel",
+        f"{kind}_shared": f"{module}:{class_prefix}SharedKernel",
+        f"{kind}_streamed": f"{module}:{class_prefix}StreamedKernel",
+        f"{kind}_scalar": f"{module}:{class_prefix}ScalarKernel",
+    }
+
+_ALIGNMENT = 16  # bytes; vectorised kernels load 16 bytes per thread
+
+
+def _aligned(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or t.data_ptr() % _ALIGNMENT == 0 for t in tensors)
+
+
+def _flat(tensor: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """A weight or bias of shape normalized_shape as the (n,) vector kernels take."""
+    return None if tensor is None else tensor.view(n)
+
+
+def _deliver(result: torch.Tensor, shape: torch.Size, out: torch.Tensor | None) -> torch.Tensor:
+    result = result.view(shape)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+class _NormOp(Op):
+    manifest_file = files("tileops.ops") / "manifest" / "norm.yaml"
+
+    def __init__(self, *, target: str | None, **params: Any) -> None:
+        super().__init__(target=target, **params)
+        self.n = math.prod(self.params["normalized_shape"])
+        self._eps_by_dtype: dict[torch.dtype, float] = {}
+
+    def eps_for(self, dtype: torch.dtype) -> float:
+        """The eps a call in ``dtype`` uses: the given one, else torch's default for dtype."""
+        eps = self._eps_by_dtype.get(dtype)
+        if eps is None:
+            given = self.params["eps"]
+            eps = torch.finfo(dtype).eps if given is None else given
+            self._eps_by_dtype[dtype] = eps
+        return eps
+
+
+class RMSNormFwdOp(_NormOp):
+    """``torch.nn.functional.rms_norm`` as an op: ``op(x, weight=None, *, out=None)``."""
+
+    kernel_interfaces = (RMSNormFwdInterface,)
+    in_tree_kernels = {
+        RMSNormFwdInterface: {
+            "torch_cpu": cpu.TorchCpuRMSNorm,
+            **_cuda("rms_norm", "RMSNorm"),
+        }
+    }
+
+    def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, x, weight=None, *, out=None):
+        n = self.n
+        call = RMSNormCall(x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False, _aligned(x, weight))
+        y = self.kernel_for(RMSNormFwdInterface, call).forward(x.view(-1, n), _flat(weight, n))
+        return _deliver(y, x.shape, out)
+
+
+class LayerNormFwdOp(_NormOp):
+    """``torch.nn.functional.layer_norm`` as an op: ``op(x, weight=None, bias=None, *, out=None)``."""
+
+    kernel_interfaces = (LayerNormFwdInterface,)
+    in_tree_kernels = {
+        LayerNormFwdInterface: {
+            "torch_cpu": cpu.TorchCpuLayerNorm,
+            **_cuda("layer_norm", "LayerNorm"),
+        }
+    }
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, x, weight=None, bias=None, *, out=None):
+        n = self.n
+        call = LayerNormCall(
+            x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, bias is not None, _aligned(x, weight, bias)
+        )
+        kernel = self.kernel_for(LayerNormFwdInterface, call)
+        y = kernel.forward(x.view(-1, n), _flat(weight, n), _flat(bias, n))
+        return _deliver(y, x.shape, out)
+
+
+class FusedAddRMSNormFwdOp(_NormOp):
+    """``rms_norm(x + residual)`` and ``x + residual`` in one pass:
+    ``op(x, residual, weight=None, *, out=None, residual_out=None) -> (y, residual_sum)``."""
+
+    kernel_interfaces = (FusedAddRMSNormFwdInterface,)
+    in_tree_kernels = {
+        FusedAddRMSNormFwdInterface: {
+            "torch_cpu": cpu.TorchCpuFusedAddRMSNorm,
+            **_cuda("add_rms_norm", "FusedAddRMSNorm"),
+        }
+    }
+
+    def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
+        n = self.n
+        call = FusedAddRMSNormCall(
+            x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False, _aligned(x, residual, weight)
+        )
+        kernel = self.kernel_for(FusedAddRMSNormFwdInterface, call)
+        y, total = kernel.forward(x.view(-1, n), residual.view(-1, n), _flat(weight, n))
+        return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)
+
+
+class FusedAddLayerNormFwdOp(_NormOp):
+    """``layer_norm(x + residual)`` and ``x + residual`` in one pass:
+    ``op(x, residual, weight=None, bias=None, *, out=None, residual_out=None) -> (y, residual_sum)``."""
+
+    kernel_interfaces = (FusedAddLayerNormFwdInterface,)
+    in_tree_kernels = {
+        FusedAddLayerNormFwdInterface: {
+            "torch_cpu": cpu.TorchCpuFusedAddLayerNorm,
+            **_cuda("add_layer_norm", "FusedAddLayerNorm"),
+        }
+    }
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
+        n = self.n
+        call = FusedAddLayerNormCall(
+            x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, bias is not None,
+            _aligned(x, residual, weight, bias),
+        )
+        kernel = self.kernel_for(FusedAddLayerNormFwdInterface, call)
+        y, total = kernel.forward(x.view(-1, n), residual.view(-1, n), _flat(weight, n), _flat(bias, n))
+        return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)
