@@ -6,7 +6,7 @@ Importing it registers everything and compiles nothing:
   how to read their facts (``register_device_facts``);
 * a kernel builder per op of the norm family for that target (``builders.py``), whose kernels
   are plain torch so that the template runs anywhere with ``target="acme"``;
-* an added implementation of ``LayerNormFwdInterface`` for short rows
+* an added implementation of ``RMSNormFwdInterface`` for short rows
   (``short_rows.py``), the first way of joining.
 
 TileOPs imports this module through the entry point declared in pyproject.toml::

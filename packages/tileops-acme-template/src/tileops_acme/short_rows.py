@@ -1,7 +1,7 @@
-"""The first way of joining: an added implementation of ``LayerNormFwdInterface``.
+"""The first way of joining: an added implementation of ``RMSNormFwdInterface``.
 
-It serves short rows only (n <= 256), on CPU and CUDA, and wins over the in-tree
-``layer_norm`` kernel there (``preferred_over``); every other call still goes in-tree.
+It serves short rows only (n <= 256), on CPU and CUDA, and wins over the in-tree ``rms_norm``
+kernel there (``preferred_over``); every other call still goes to the in-tree implementations.
 """
 
 from __future__ import annotations
@@ -9,33 +9,34 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from tileops.backend import Kernel, register_kernel_type
-from tileops.ops.norm import LayerNormCall, LayerNormFwdInterface
+from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
 
 MAX_ROW = 256
 
 
-class AcmeShortRowLayerNorm(Kernel, LayerNormFwdInterface):
-    """LayerNorm over rows of at most 256 elements, in plain torch."""
+class AcmeShortRowRMSNorm(Kernel, RMSNormFwdInterface):
+    """RMSNorm over rows of at most 256 elements, in plain torch."""
 
     devices = frozenset({"cpu", "cuda"})
-    preferred_over = frozenset({"layer_norm"})
+    preferred_over = frozenset({"rms_norm"})
 
     def __init__(self, n: int, eps: float) -> None:
         super().__init__()
         self.n, self.eps = n, eps
 
     @classmethod
-    def refusal(cls, call: LayerNormCall) -> str | None:
-        return None if call.n <= MAX_ROW else f"serves rows of at most {MAX_ROW} elements, this call's rows have {call.n}"
+    def refusal(cls, call: RMSNormCall) -> str | None:
+        if call.n <= MAX_ROW:
+            return None
+        return f"serves rows of at most {MAX_ROW} elements, this call's rows have {call.n}"
 
     @classmethod
-    def entry_for(cls, call: LayerNormCall):
+    def entry_for(cls, call: RMSNormCall):
         return (call.n, call.eps), lambda: cls(call.n, call.eps)
 
-    def forward(self, x, weight, bias):
+    def forward(self, x, weight):
         w = None if weight is None else weight.float()
-        b = None if bias is None else bias.float()
-        return F.layer_norm(x.float(), (self.n,), w, b, self.eps).to(x.dtype)
+        return F.rms_norm(x.float(), (self.n,), w, self.eps).to(x.dtype)
 
 
-register_kernel_type("LayerNormFwdOp", "acme_short_rows", AcmeShortRowLayerNorm)
+register_kernel_type("RMSNormFwdOp", "acme_short_rows", AcmeShortRowRMSNorm)

@@ -149,12 +149,14 @@ def check_implementations(
     reused = sorted(set(in_tree) & set(registered))
     if reused:
         raise BackendError(
-            f"{op_name}: a registered kernel type reuses keys it has: {', '.join(map(repr, reused))} "
+            f"{op_name}: registered kernel types reuse keys it has: {', '.join(map(repr, reused))} "
             f"(registered {', '.join(registered[k].__qualname__ for k in reused)}); register it under a new key"
         )
     grouped: dict[type[KernelInterface], dict[str, type[Kernel]]] = {i: {} for i in interfaces}
     for key, cls in {**in_tree, **registered}.items():
         where = f"{op_name}: implementation {key!r} ({cls.__module__}.{cls.__qualname__})"
+        if not issubclass(cls, Kernel):
+            raise BackendError(f"{where} does not subclass tileops.backend.Kernel")
         owned = [i for i in interfaces if issubclass(cls, i)]
         if not owned:
             raise BackendError(

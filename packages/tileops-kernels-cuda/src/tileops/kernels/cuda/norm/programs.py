@@ -352,10 +352,16 @@ def make_program(
             if layer and not cached:
                 # One-pass variance around the row's first value: close to the
                 # mean in scale, so sum(d^2)/N - (sum(d)/N)^2 does not cancel.
+                # (Loaded as a whole vector: a lone scalar load beside the
+                # vector loads of x trips TileLang's StorageRewrite.)
+                for v in T.vectorized(vec):
+                    buf[v] = x[src, v]
                 if fused:
-                    shift = f(T.cast(f(x[src, 0]) + f(r[src, 0]), dt))
+                    for v in T.vectorized(vec):
+                        res[v] = r[src, v]
+                    shift = f(T.cast(f(buf[0]) + f(res[0]), dt))
                 else:
-                    shift = f(x[src, 0])
+                    shift = f(buf[0])
 
             # Pass 1: load (and add) the row, write s, accumulate statistics.
             for st in T.serial(steps):

@@ -1,0 +1,297 @@
+"""Selecting and building in-tree and registered implementations (register_kernel_type)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import run_device
+from tileops.backend import (
+    BackendError,
+    CallSpec,
+    DeviceFacts,
+    Kernel,
+    KernelSelectionError,
+    register_kernel_type,
+)
+from tileops.core import device_facts as device_facts_module
+from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
+from tileops.ops.norm import LayerNormCall, LayerNormFwdInterface, RMSNormFwdInterface
+
+
+class _TorchLayerNorm(Kernel, LayerNormFwdInterface):
+    """A replacement written against ``LayerNormFwdInterface`` alone."""
+
+    devices = frozenset({torch.device(run_device()).type})
+
+    def __init__(self, n: int, eps: float) -> None:
+        super().__init__()
+        self.n, self.eps = n, eps
+
+    @classmethod
+    def entry_for(cls, call: LayerNormCall):
+        return (call.n, call.eps), lambda: cls(call.n, call.eps)
+
+    def forward(self, x, weight, bias):
+        return F.layer_norm(x.float(), (self.n,), weight.float(), bias.float(), self.eps).to(
+            x.dtype
+        )
+
+
+class _NarrowTorchLayerNorm(_TorchLayerNorm):
+    """An added implementation for short rows, which wins over the in-tree one there."""
+
+    preferred_over = frozenset({"layer_norm"})
+
+    @classmethod
+    def refusal(cls, call: LayerNormCall) -> "str | None":
+        return None if call.n <= 256 else "serves rows of at most 256"
+
+
+def _inputs(n: int, rows: int = 4):
+    device = run_device()
+    return (
+        torch.randn(rows, n, device=device),
+        torch.randn(n, device=device),
+        torch.randn(n, device=device),
+    )
+
+
+def _served_by(op) -> set[str]:
+    return {key for key, _ in op.built_kernels()}
+
+
+def test_an_added_implementation_serves_its_region_and_the_in_tree_one_the_rest(scoped_registry):
+    register_kernel_type("LayerNormFwdOp", "torch_short_rows", _NarrowTorchLayerNorm)
+    short = LayerNormFwdOp(128)
+    x, w, b = _inputs(128)
+    torch.testing.assert_close(short(x, w, b), F.layer_norm(x, (128,), w, b))
+    assert _served_by(short) == {"torch_short_rows"}
+
+    long = LayerNormFwdOp(1024)
+    x, w, b = _inputs(1024)
+    torch.testing.assert_close(long(x, w, b), F.layer_norm(x, (1024,), w, b))
+    assert "torch_short_rows" not in _served_by(long)
+
+
+def test_an_added_implementation_enters_only_ops_constructed_after_registration(scoped_registry):
+    before = LayerNormFwdOp(128)
+    register_kernel_type("LayerNormFwdOp", "torch_short_rows", _NarrowTorchLayerNorm)
+    after = LayerNormFwdOp(128)
+    x, w, b = _inputs(128)
+    before(x, w, b)
+    after(x, w, b)
+    assert "torch_short_rows" not in _served_by(before)
+    assert _served_by(after) == {"torch_short_rows"}
+
+
+def test_registering_a_key_twice_raises_and_keeps_the_first(scoped_registry):
+    register_kernel_type("LayerNormFwdOp", "torch_short_rows", _NarrowTorchLayerNorm)
+    with pytest.raises(BackendError, match="already has a registered kernel type under key 'torch_short_rows'"):
+        register_kernel_type("LayerNormFwdOp", "torch_short_rows", _TorchLayerNorm)
+    op = LayerNormFwdOp(128)
+    op(*_inputs(128))
+    assert _served_by(op) == {"torch_short_rows"}
+
+
+def test_a_key_equal_to_an_in_tree_key_raises_reuse_keys_it_has(scoped_registry):
+    register_kernel_type("LayerNormFwdOp", "layer_norm", _NarrowTorchLayerNorm)
+    with pytest.raises(BackendError, match="reuse keys it has: 'layer_norm'"):
+        LayerNormFwdOp(128)
+
+
+def test_an_unregistered_and_undone_registration_leaves_no_trace(scoped_registry):
+    register_kernel_type("LayerNormFwdOp", "torch_short_rows", _NarrowTorchLayerNorm)
+    from tileops.core import registry
+
+    assert "torch_short_rows" in registry.kernel_types("LayerNormFwdOp")
+
+
+def test_the_registration_above_was_undone():
+    from tileops.core import registry
+
+    assert "torch_short_rows" not in registry.kernel_types("LayerNormFwdOp")
+
+
+class _NoInterface(Kernel):
+    @classmethod
+    def entry_for(cls, call):
+        return None, cls
+
+    def forward(self, x, weight, bias):
+        return x
+
+
+class _InstanceEntry(_TorchLayerNorm):
+    def entry_for(self, call):  # not a class method
+        return None, None
+
+
+class _WrongForward(_TorchLayerNorm):
+    def forward(self, x, bias):
+        return x
+
+
+class _OtherGeneral(_TorchLayerNorm):
+    general = True
+    devices = frozenset({"cpu"})
+
+
+@pytest.mark.parametrize(
+    ("kernel_type", "message"),
+    [
+        (_NoInterface, "inherits none of the op's kernel interfaces"),
+        (_InstanceEntry, "entry_for must be a @classmethod"),
+        (_WrongForward, r"forward takes \(x, bias\) but LayerNormFwdInterface.forward takes \(x, weight, bias\)"),
+        (_OtherGeneral, "both declare general = True on cpu"),
+    ],
+)
+def test_contract_mistakes_raise_when_the_op_is_constructed(scoped_registry, kernel_type, message):
+    register_kernel_type("LayerNormFwdOp", "broken", kernel_type)
+    with pytest.raises(BackendError, match=message):
+        LayerNormFwdOp(128)
+
+
+def test_an_implementation_of_another_ops_interface_is_refused(scoped_registry):
+    class _RMSForLayerNorm(Kernel, RMSNormFwdInterface):
+        @classmethod
+        def entry_for(cls, call):
+            return None, cls
+
+        def forward(self, x, weight):
+            return x
+
+    register_kernel_type("LayerNormFwdOp", "rms_here", _RMSForLayerNorm)
+    with pytest.raises(BackendError, match="inherits none of the op's kernel interfaces"):
+        LayerNormFwdOp(128)
+
+
+def test_a_preferred_over_cycle_raises(scoped_registry):
+    class _A(_TorchLayerNorm):
+        preferred_over = frozenset({"cycle_b"})
+
+    class _B(_TorchLayerNorm):
+        preferred_over = frozenset({"cycle_a"})
+
+    register_kernel_type("LayerNormFwdOp", "cycle_a", _A)
+    register_kernel_type("LayerNormFwdOp", "cycle_b", _B)
+    with pytest.raises(BackendError, match="preferred_over forms a cycle"):
+        LayerNormFwdOp(128)
+
+
+def test_preferred_over_naming_an_unknown_key_raises(scoped_registry):
+    class _Typo(_TorchLayerNorm):
+        preferred_over = frozenset({"layer_nrom"})
+
+    register_kernel_type("LayerNormFwdOp", "typo", _Typo)
+    with pytest.raises(BackendError, match="preferred_over 'layer_nrom'"):
+        LayerNormFwdOp(128)
+
+
+def test_two_implementations_that_both_serve_a_call_raise_naming_the_settling_declaration(scoped_registry):
+    class _Twin(_NarrowTorchLayerNorm):
+        pass
+
+    register_kernel_type("LayerNormFwdOp", "short_a", _NarrowTorchLayerNorm)
+    register_kernel_type("LayerNormFwdOp", "short_b", _Twin)
+    op = LayerNormFwdOp(128)
+    with pytest.raises(KernelSelectionError, match="short_a, short_b") as info:
+        op(*_inputs(128))
+    assert "preferred_over" in str(info.value)
+    assert op.target is None  # the failed binding call was undone
+
+
+def test_preferred_over_is_transitive(scoped_registry):
+    class _Top(_NarrowTorchLayerNorm):
+        preferred_over = frozenset({"middle"})
+
+    register_kernel_type("LayerNormFwdOp", "middle", _NarrowTorchLayerNorm)  # beats layer_norm
+    register_kernel_type("LayerNormFwdOp", "top", _Top)
+    op = LayerNormFwdOp(128)
+    top = op.implementations()[LayerNormFwdInterface]
+    assert {"middle", "layer_norm", "layer_norm_shared", "layer_norm_streamed"} <= top.beats["top"]
+
+
+def test_no_survivor_lists_every_key_with_its_reason():
+    op = LayerNormFwdOp(64)
+    call = LayerNormCall(torch.device("meta"), 64, torch.float32, 1e-5, False, False, True)
+    with pytest.raises(KernelSelectionError) as info:
+        op.kernel_for(LayerNormFwdInterface, call)
+    text = str(info.value)
+    assert "no implementation serves" in text
+    for key in ("torch_cpu", "layer_norm", "layer_norm_scalar"):
+        assert f"  - {key}: unavailable" in text
+    assert "device=device(type='meta')" in text
+
+
+def test_a_call_spec_holding_a_mutable_value_is_refused_naming_the_field():
+    @dataclasses.dataclass(frozen=True)
+    class _BadCall(CallSpec):
+        sizes: list
+
+    with pytest.raises(BackendError, match=r"_BadCall.sizes = \[1, 2\]"):
+        _BadCall(torch.device("cpu"), [1, 2]).validate()
+    _BadCall(torch.device("cpu"), (1, 2)).validate()  # a tuple is fine
+
+
+def test_one_kernel_is_built_per_identity_and_a_repeat_call_reads_no_device(scoped_registry, monkeypatch):
+    built = []
+
+    class _Counting(_NarrowTorchLayerNorm):
+        def __init__(self, n, eps):
+            built.append((n, eps))
+            super().__init__(n, eps)
+
+    register_kernel_type("LayerNormFwdOp", "counting", _Counting)
+    op = LayerNormFwdOp(128)
+    x, w, b = _inputs(128)
+    op(x, w, b)
+    op(x[:2], w, b)  # another batch size: same call spec
+    op(x.double().float(), w, b)
+    assert built == [(128, 1e-5)]
+
+    def _no_device_reads(device):
+        raise AssertionError("the hit path read device facts")
+
+    monkeypatch.setattr(device_facts_module, "facts_for", _no_device_reads)
+    op(x, w, b)
+
+
+def test_supported_archs_are_checked_against_stated_device_facts(scoped_registry):
+    class _HopperOnly(_NarrowTorchLayerNorm):
+        devices = frozenset({"cuda"})
+        supported_archs = frozenset({90})
+
+    register_kernel_type("LayerNormFwdOp", "hopper_only", _HopperOnly)
+    op = LayerNormFwdOp(128)
+    call = LayerNormCall(torch.device("cuda", 0), 128, torch.bfloat16, 1e-5, True, True, True)
+    on_hopper = {v.key: v for v in op.verdicts(LayerNormFwdInterface, call, DeviceFacts("cuda", arch=90))}
+    on_ampere = {v.key: v for v in op.verdicts(LayerNormFwdInterface, call, DeviceFacts("cuda", arch=80))}
+    assert on_hopper["hopper_only"].outcome == "selected"
+    assert on_ampere["hopper_only"].outcome == "unavailable"
+    assert "needs architecture 90" in on_ampere["hopper_only"].reason
+    assert on_ampere["layer_norm"].outcome == "selected"
+
+
+def test_supported_archs_on_a_device_type_without_facts_names_register_device_facts(scoped_registry):
+    class _Archy(_NarrowTorchLayerNorm):
+        devices = frozenset({"xpu"})
+        supported_archs = frozenset({1})
+
+    register_kernel_type("LayerNormFwdOp", "archy", _Archy)
+    op = LayerNormFwdOp(128)
+    call = LayerNormCall(torch.device("xpu", 0), 128, torch.float32, 1e-5, True, True, True)
+    verdict = {v.key: v for v in op.verdicts(LayerNormFwdInterface, call)}["archy"]
+    assert verdict.outcome == "unavailable"
+    assert "register_device_facts('xpu', ...)" in verdict.reason
+
+
+def test_rms_norm_in_tree_keys_follow_the_spec():
+    op = RMSNormFwdOp(4096)
+    keys = set(op.implementations()[RMSNormFwdInterface].classes)
+    assert {"rms_norm", "torch_cpu"} <= keys
+    layer = LayerNormFwdOp(4096).implementations()[LayerNormFwdInterface].classes
+    assert layer["layer_norm"].general is False
