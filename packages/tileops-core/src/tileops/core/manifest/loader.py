@@ -314,6 +314,10 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
     if overlap:
         raise where.at("signature").error(f"dimension name(s) {', '.join(overlap)} clash with param names")
     for name, t in outputs.items():
+        if t.shape is not None and "..." in t.shape:
+            raise where.at(f"signature.outputs.{name}.shape").error(
+                "'...' cannot be expanded in an output; name the group ('*batch') in an input, or use same_as"
+            )
         undefined = sorted(_names_of_pattern(t.shape) - dims - param_names)
         if undefined:
             raise where.at(f"signature.outputs.{name}.shape").error(

@@ -293,6 +293,10 @@ def make_program(
     def f(e):
         return T.cast(e, f32)
 
+    # Element-wise accesses use a plain loop: a vectorised loop of one lane
+    # trips TileLang's StorageRewrite in the streamed layer norm.
+    lanes = T.vectorized if vec > 1 else T.serial
+
     def normalised(c, col, mean, rstd, w, b):
         """y at column col, from c, the float32 value of x (or s) there."""
         o = (c - mean) * rstd if layer else c * rstd
@@ -354,14 +358,15 @@ def make_program(
                 # mean in scale, so sum(d^2)/N - (sum(d)/N)^2 does not cancel.
                 # (Loaded as a whole vector: a lone scalar load beside the
                 # vector loads of x trips TileLang's StorageRewrite.)
-                for v in T.vectorized(vec):
-                    buf[v] = x[src, v]
-                if fused:
-                    for v in T.vectorized(vec):
-                        res[v] = r[src, v]
-                    shift = f(T.cast(f(buf[0]) + f(res[0]), dt))
-                else:
-                    shift = f(buf[0])
+                for h in T.serial(1):
+                    for v in lanes(vec):
+                        buf[v] = x[src, h + v]
+                    if fused:
+                        for v in lanes(vec):
+                            res[v] = r[src, h + v]
+                        shift = f(T.cast(f(buf[0]) + f(res[0]), dt))
+                    else:
+                        shift = f(buf[0])
 
             # Pass 1: load (and add) the row, write s, accumulate statistics.
             for st in T.serial(steps):
@@ -370,10 +375,10 @@ def make_program(
                     slot = (st * step + u) if cached else u
                     bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                     if vi < nv:
-                        for v in T.vectorized(vec):
+                        for v in lanes(vec):
                             buf[bi + v] = x[src, vi * vec + v]
                         if fused:
-                            for v in T.vectorized(vec):
+                            for v in lanes(vec):
                                 res[u * vec + v] = r[src, vi * vec + v]
                 for u in T.unroll(step):
                     vi = (st * step + u) * tpr + lane
@@ -381,10 +386,10 @@ def make_program(
                     bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                     if vi < nv:
                         if fused:
-                            for v in T.vectorized(vec):
+                            for v in lanes(vec):
                                 buf[bi + v] = T.cast(f(buf[bi + v]) + f(res[u * vec + v]), dt)
                             if row < m:
-                                for v in T.vectorized(vec):
+                                for v in lanes(vec):
                                     s[row, vi * vec + v] = buf[bi + v]
                         for v in T.unroll(vec):
                             if not layer:
@@ -424,7 +429,7 @@ def make_program(
                         for u in T.unroll(step):
                             vi = (st * step + u) * tpr + lane
                             if vi < nv:
-                                for v in T.vectorized(vec):
+                                for v in lanes(vec):
                                     if fused:
                                         buf[u * vec + v] = s[row, vi * vec + v]
                                     else:
@@ -434,7 +439,7 @@ def make_program(
                         slot = (st * step + u) if cached else u
                         bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                         if vi < nv:
-                            for v in T.vectorized(vec):
+                            for v in lanes(vec):
                                 y[row, vi * vec + v] = normalised(f(buf[bi + v]), vi * vec + v, mean, rstd, w, b)
 
     return main

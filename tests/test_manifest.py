@@ -1,0 +1,183 @@
+"""The manifest loader's strict validation and the signature checks generated from entries."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import yaml
+
+from helpers import ROOT
+from tileops.backend import OpArgumentError
+from tileops.core.errors import ManifestError
+from tileops.core.manifest import Signature
+from tileops.core.manifest.loader import parse_manifest
+from tileops.core.op import constructor_mismatch
+from tileops.ops import FAMILIES, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+
+NORM = yaml.safe_load((ROOT / "manifest/norm.yaml").read_text())
+
+
+def _entry(**changes):
+    """The RMSNormFwdOp entry as YAML text, with dotted-path changes applied."""
+    entry = copy.deepcopy(NORM["RMSNormFwdOp"])
+    for path, value in changes.items():
+        node = entry
+        *parents, last = path.split("__")
+        for part in parents:
+            node = node[part]
+        if value is _DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return yaml.safe_dump({"RMSNormFwdOp": entry}, sort_keys=False)
+
+
+_DELETE = object()
+
+
+def test_every_shipped_manifest_entry_loads_and_matches_its_op_class():
+    for ops in FAMILIES.values():
+        for op_class in ops:
+            assert op_class.manifest_entry().name == op_class.__name__
+            assert constructor_mismatch(op_class) == [], op_class
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"colour": "red"}, None, "unknown field(s) 'colour'"),
+        ({"signature__inputs__x__dtpye": ["float32"]}, "signature.inputs.x", "unknown field(s) 'dtpye'"),
+        ({"signature__inputs__x__dtype": ["float8"]}, "signature.inputs.x.dtype", "unknown dtype 'float8'"),
+        ({"signature__inputs__weight__dtype": {"same_as": "z"}}, "signature.inputs.weight.dtype", "names no tensor declared before it"),
+        ({"signature__constraints": [{"expr": "eps > limit", "message": "m"}]}, "signature.constraints[0].expr", "undefined name 'limit'"),
+        ({"roofline__bytes": "numel(x) * bogus"}, "roofline.bytes", "undefined name 'bogus'"),
+        ({"roofline__flops": "__import__('os')"}, "roofline.flops", "calls something other than abs, itemsize"),
+        ({"signature__outputs__y__aliases": "x"}, "signature.outputs.y.aliases", "is not written"),
+        ({"signature__inputs__x__contiguous": True}, "signature.inputs.x.contiguous", "only written inputs"),
+        ({"signature__params__eps__nullable": False}, "signature.params.eps.default", "not nullable"),
+        ({"signature__inputs__x__shape": ["...", "*normalized_shape", "..."]}, "signature.inputs.x.shape", "variadic"),
+        ({"workloads": [{"name": "w", "shapes": {"x": [2, 4]}, "dtypes": ["float64"], "params": {"normalized_shape": [4]}}]}, "workloads[0].dtypes", "accepted by the inputs"),
+        ({"workloads": [{"name": "w", "shapes": {"x": [2, 4]}, "dtypes": ["float32"]}]}, "workloads[0].params", "missing required param(s) normalized_shape"),
+        ({"signature__inputs__weight__device": "cuda"}, "signature.inputs.weight.device", "only device"),
+        ({"summary": _DELETE}, None, "missing required field(s) 'summary'"),
+    ],
+)
+def test_a_bad_entry_is_refused_naming_file_op_and_field(changes, field, message):
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(_entry(**changes), "norm.yaml")
+    text = str(info.value)
+    assert text.startswith("norm.yaml, op RMSNormFwdOp")
+    if field:
+        assert f"field {field}:" in text
+    assert message in text
+
+
+def test_a_key_given_twice_is_refused():
+    text = "A:\n  family: x\n  family: y\n"
+    with pytest.raises(ManifestError, match="given twice"):
+        parse_manifest(text, "dup.yaml")
+
+
+def test_yaml_tags_that_build_python_objects_are_refused():
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        parse_manifest("A: !!python/object/apply:os.system ['true']\n", "evil.yaml")
+
+
+def test_written_tensors_aliases_and_out_buffers_are_understood():
+    text = yaml.safe_dump(
+        {
+            "AddInPlaceOp": {
+                "family": "test",
+                "summary": "acc += x",
+                "signature": {
+                    "inputs": {
+                        "acc": {"dtype": ["float32"], "shape": ["M", "N"], "access": "readwrite", "contiguous": True},
+                        "x": {"dtype": {"same_as": "acc"}, "shape": {"same_as": "acc"}},
+                        "table": {"dtype": ["int64"], "shape": ["N"], "device": "cpu", "optional": True},
+                    },
+                    "outputs": {"acc_out": {"aliases": "acc"}, "norm": {"dtype": ["float32"], "shape": ["M"], "out": "norm_out"}},
+                },
+                "ref_api": "(acc.add_(x), acc.norm(dim=-1))",
+                "tolerance": {"float32": {"atol": 0, "rtol": 0}},
+                "workloads": [{"name": "w", "shapes": {"acc": [2, 3], "x": [2, 3]}, "dtypes": ["float32"]}],
+                "roofline": {"bytes": "3 * numel(acc) * itemsize(acc)", "flops": "M * N"},
+            }
+        },
+        sort_keys=False,
+    )
+    entry = parse_manifest(text, "t.yaml")["AddInPlaceOp"]
+    signature = Signature(entry)
+    assert signature.writes == ("acc", "norm")
+    acc, x = torch.zeros(2, 3), torch.ones(2, 3)
+    call = signature.bind({}, (acc, x), {})
+    assert call.output_shapes == ((2, 3), (2,))
+    assert not signature.writes_nothing(call)
+    with pytest.raises(OpArgumentError, match="'acc' is written in place and must be contiguous"):
+        signature.bind({}, (torch.zeros(3, 2).t(), x), {})
+    with pytest.raises(OpArgumentError, match="'table' is declared device: cpu"):
+        signature.bind({}, (acc, x, torch.zeros(3, dtype=torch.int64, device="meta")), {})
+    empty = torch.zeros(0, 3)
+    call = signature.bind({}, (empty, empty), {"norm_out": torch.zeros(0)})
+    assert signature.writes_nothing(call)
+    acc_out, norm = signature.empty_result(call)
+    assert acc_out is empty and norm is call.outs["norm_out"]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda op, x, w: op(), "missing required input 'x'"),
+        (lambda op, x, w: op(x.numpy()), "argument 'x' expected a torch.Tensor, got ndarray"),
+        (lambda op, x, w: op(x.double()), "argument 'x' expected dtype float16 or bfloat16 or float32, got torch.float64"),
+        (lambda op, x, w: op(x, w.half()), "argument 'weight' must have the dtype of 'x' (torch.float32), got torch.float16"),
+        (lambda op, x, w: op(x[:, :7], w), "argument 'x' expected shape [..., *normalized_shape] with normalized_shape=(8,), got (3, 7)"),
+        (lambda op, x, w: op(x, w[None]), "argument 'weight' expected shape [*normalized_shape]"),
+        (lambda op, x, w: op(x, w.to("meta")), "argument 'weight' is on meta, but the call's device (from 'x') is cpu"),
+        (lambda op, x, w: op(x, w, w), "takes at most 2 positional tensor(s) (x, weight), got 3"),
+        (lambda op, x, w: op(x, w, weight=w), "got input 'weight' both by position and by keyword"),
+        (lambda op, x, w: op(x, bias=w), "unexpected argument 'bias'"),
+        (lambda op, x, w: op(x, out=torch.empty(3, 9)), "output buffer 'out' expected shape (3, 8) and dtype torch.float32, got (3, 9)"),
+        (lambda op, x, w: op(x, out=torch.empty(8, 3).t()), "output buffer 'out' must be contiguous"),
+    ],
+)
+def test_bad_calls_name_the_op_the_argument_what_was_declared_and_what_came(call, message):
+    op = RMSNormFwdOp(8)
+    x, w = torch.randn(3, 8), torch.randn(8)
+    with pytest.raises(OpArgumentError) as info:
+        call(op, x, w)
+    assert str(info.value).startswith("RMSNormFwdOp: ")
+    assert message in str(info.value)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: RMSNormFwdOp("8"), "param 'normalized_shape' expected an int or a sequence of non-negative ints, got '8'"),
+        (lambda: RMSNormFwdOp([]), "normalized_shape must name at least one dimension"),
+        (lambda: LayerNormFwdOp(8, eps=-1.0), "eps must be non-negative"),
+        (lambda: LayerNormFwdOp(8, eps="small"), "param 'eps' expected a float, got 'small'"),
+    ],
+)
+def test_bad_construction_arguments_are_refused(build, message):
+    with pytest.raises(OpArgumentError) as info:
+        build()
+    assert message in str(info.value)
+
+
+def test_multi_dimensional_normalized_shape_and_any_batch_rank():
+    op = LayerNormFwdOp((4, 8))
+    x, w, b = torch.randn(2, 3, 4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(op(x, w, b), torch.nn.functional.layer_norm(x, (4, 8), w, b))
+    torch.testing.assert_close(op(x[0, 0]), torch.nn.functional.layer_norm(x[0, 0], (4, 8)))
+
+
+def test_the_fused_op_fills_both_output_buffers():
+    op = FusedAddRMSNormFwdOp(8)
+    x, r = torch.randn(3, 8), torch.randn(3, 8)
+    out, residual_out = torch.empty(3, 8), torch.empty(3, 8)
+    y, total = op(x, r, out=out, residual_out=residual_out)
+    assert y is out and total is residual_out
+    torch.testing.assert_close(total, x + r)
