@@ -1,0 +1,44 @@
+"""The norm family on the CPU: every manifest workload against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.testing import check_workload, workload_cases
+
+#: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
+CPU_ELEMENTS = 1 << 23
+
+CASES = list(workload_cases(FAMILIES["norm"]))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_workload_matches_the_reference_on_cpu(case):
+    if case.elements > CPU_ELEMENTS:
+        pytest.skip(f"{case.elements} elements: too large for the CPU tier (the GPU tier runs it)")
+    op = case.op_class(**case.workload.params)
+    check_workload(op, case.workload, case.dtype, "cpu")
+
+
+def test_rms_norm_default_eps_is_torchs_for_the_input_dtype():
+    x = torch.randn(4, 64, dtype=torch.bfloat16) * 1e-2
+    expected = F.rms_norm(x.float(), (64,), eps=torch.finfo(torch.bfloat16).eps).bfloat16()
+    torch.testing.assert_close(RMSNormFwdOp(64)(x), expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("n", [1, 3, 7, 1000, 4097])
+def test_odd_row_lengths_and_non_contiguous_inputs(n):
+    x = torch.randn(n, 5).t()  # (5, n), not contiguous
+    w, b = torch.randn(n), torch.randn(n)
+    torch.testing.assert_close(LayerNormFwdOp(n)(x, w, b), F.layer_norm(x, (n,), w, b))
+    torch.testing.assert_close(RMSNormFwdOp(n)(x[1:], w), F.rms_norm(x[1:], (n,), w, eps=torch.finfo(torch.float32).eps))
+
+
+def test_fused_add_layer_norm_rounds_the_sum_to_the_input_dtype_first():
+    x, r = torch.randn(8, 256, dtype=torch.float16), torch.randn(8, 256, dtype=torch.float16)
+    y, total = FusedAddLayerNormFwdOp(256)(x, r)
+    assert torch.equal(total, x + r)
+    torch.testing.assert_close(y, F.layer_norm((x + r).float(), (256,)).half(), atol=0, rtol=0)
