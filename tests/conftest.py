@@ -17,3 +17,18 @@ def scoped_registry():
         yield
     finally:
         journal.close(undo=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU-tier tests need CUDA; compile-tier tests need nvcc. Elsewhere they skip, saying so."""
+    import shutil
+
+    import torch
+
+    no_gpu = pytest.mark.skip(reason="GPU tier: needs a CUDA GPU (run on the H200 through the device tool)")
+    no_nvcc = pytest.mark.skip(reason="compile tier: needs nvcc (the CUDA toolkit) on PATH")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+        if "compile" in item.keywords and shutil.which("nvcc") is None:
+            item.add_marker(no_nvcc)

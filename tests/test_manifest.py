@@ -14,7 +14,7 @@ from tileops.core.errors import ManifestError
 from tileops.core.manifest import Signature
 from tileops.core.manifest.loader import parse_manifest
 from tileops.core.op import constructor_mismatch
-from tileops.ops import FAMILIES, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 
 NORM = yaml.safe_load((ROOT / "manifest/norm.yaml").read_text())
 
@@ -181,3 +181,37 @@ def test_the_fused_op_fills_both_output_buffers():
     y, total = op(x, r, out=out, residual_out=residual_out)
     assert y is out and total is residual_out
     torch.testing.assert_close(total, x + r)
+
+
+def test_the_generated_fast_path_agrees_with_the_reference_bind():
+    op = FusedAddLayerNormFwdOp((4, 8))
+    fast = op._fast_bind
+    assert fast is not None
+    x, r = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)
+    w = torch.nn.Parameter(torch.randn(4, 8))
+    out = torch.empty(2, 3, 4, 8)
+    for args, kwargs in [((x, r), {}), ((x, r, w), {}), ((x, r, None, w), {"out": out}), ((x,), {"residual": r})]:
+        got = fast(*args, **kwargs)
+        want = op.signature().bind(op.params, args, kwargs)
+        assert got is not None
+        assert [id(t) for t in got.inputs] == [id(t) for t in want.inputs]
+        assert got.output_shapes == want.output_shapes and got.output_dtypes == want.output_dtypes
+        assert got.outs == want.outs and got.device == want.device
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, r, w: ((x.transpose(0, 1), r), {}),  # not contiguous: the reference copies it
+        lambda x, r, w: ((x, r[:1]), {}),
+        lambda x, r, w: ((x, r, w[:2]), {}),
+        lambda x, r, w: ((x, r.double()), {}),
+        lambda x, r, w: ((x, r), {"out": torch.empty(1)}),
+        lambda x, r, w: ((x,), {}),
+    ],
+)
+def test_the_fast_path_declines_what_it_does_not_check_exactly(call):
+    op = FusedAddLayerNormFwdOp((4, 8))
+    x, r, w = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(4, 8)
+    args, kwargs = call(x, r, w)
+    assert op._fast_bind(*args, **kwargs) is None

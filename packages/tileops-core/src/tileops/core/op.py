@@ -116,6 +116,7 @@ class Op:
         name = cls.__name__
         self._signature = cls.signature()
         self.params: dict[str, Any] = self._signature.bind_params(params)
+        self._fast_bind = self._signature.fast_bind(self.params)
         load_backends()
         self._requested_target = None if target is None else check_target_name(target, f"{name}(target=...)")
         in_tree = {key: impl for impls in cls.in_tree_classes().values() for key, impl in impls.items()}
@@ -142,7 +143,14 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         signature = self._signature
-        call = signature.bind(self.params, args, kwargs)
+        call = None
+        if self._fast_bind is not None:
+            try:
+                call = self._fast_bind(*args, **kwargs)
+            except TypeError:  # arguments the fast path cannot bind: the reference names them
+                call = None
+        if call is None:
+            call = signature.bind(self.params, args, kwargs)
         if signature.writes_nothing(call):
             return signature.empty_result(call)
         target = self._target
@@ -204,15 +212,30 @@ class Op:
     def forward(self, *inputs: Any, **outs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} has no in-tree forward")
 
-    def kernel_for(self, interface: type[KernelInterface], call: CallSpec) -> Kernel:
-        """The implementation of ``interface`` that serves ``call``: selected, built once per
-        build identity, and cached by ``call``."""
+    def kernel_for(self, interface: type[KernelInterface], *call: Any) -> Kernel:
+        """The implementation of ``interface`` that serves a call: selected, built once per
+        build identity, and cached.
+
+        ``call`` is a call spec (``interface.call_spec``), or that spec's fields in order: then
+        the spec itself is built only when the cache misses, which keeps the hit path to one
+        dictionary lookup.
+        """
         kernel = self._kernel_caches[interface].get(call)
         if kernel is None:
             kernel = self._select_and_build(interface, call)
         return kernel
 
-    def _select_and_build(self, interface: type[KernelInterface], call: CallSpec) -> Kernel:
+    def _select_and_build(self, interface: type[KernelInterface], fields: tuple) -> Kernel:
+        if len(fields) == 1 and isinstance(fields[0], CallSpec):
+            call = fields[0]
+        else:
+            try:
+                call = interface.call_spec(*fields)
+            except TypeError as error:
+                raise BackendError(
+                    f"{type(self).__name__}: kernel_for({interface.__name__}, ...) got fields that do not "
+                    f"build a {interface.call_spec.__name__}: {error}"
+                ) from None
         call.validate()
         implementations = self._implementations[interface]
         key = implementations.select(call)
@@ -227,7 +250,7 @@ class Op:
                     f"{type(kernel).__name__}, not a {cls.__qualname__}"
                 )
             self._built[(key, identity)] = kernel
-        self._kernel_caches[interface][call] = kernel
+        self._kernel_caches[interface][fields] = kernel
         return kernel
 
     def verdicts(

@@ -16,6 +16,7 @@ import torch
 
 from ..errors import OpArgumentError
 from .expressions import evaluate
+from .fastpath import try_compile_fast_bind
 from .loader import OpEntry, ParamDecl, TensorDecl
 
 
@@ -104,6 +105,8 @@ class Signature:
         self._first = entry.inputs[0].name
         self._written_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.written)
         self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
+        self._single_output = len(entry.outputs) == 1
+        self._fast_binds: dict[tuple, Any] = {}
         self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
             t.name for t in entry.outputs if not t.aliases
         )
@@ -130,6 +133,21 @@ class Signature:
                 shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
                 raise OpArgumentError(f"{self.op}: {constraint.message} (params: {shown}; rule: {constraint.text})")
         return params
+
+    def fast_bind(self, params: Mapping[str, Any]):
+        """The generated fast path for an instance with ``params`` (see fastpath.py), or None.
+
+        Generated once per distinct params and shared by every instance that has them.
+        """
+        key = tuple(params.items())
+        try:
+            return self._fast_binds[key]
+        except KeyError:
+            fast = try_compile_fast_bind(self.entry, params, BoundCall)
+            self._fast_binds[key] = fast
+            return fast
+        except TypeError:  # params that cannot key a cache: the reference bind serves
+            return None
 
     # -- call ---------------------------------------------------------------------------
     def bind(self, params: Mapping[str, Any], args: tuple, kwargs: dict) -> BoundCall:
@@ -225,23 +243,31 @@ class Signature:
 
     def check_result(self, result: Any, call: BoundCall, producer: str):
         """Cheap checks of what an implementation returned: count, type, shape and dtype."""
+        items = (result,) if self._single_output else result
+        if type(items) is tuple and len(items) == len(call.output_shapes):
+            for item, shape, dtype in zip(items, call.output_shapes, call.output_dtypes):
+                if not (isinstance(item, torch.Tensor) and item.shape == shape and item.dtype is dtype):
+                    break
+            else:
+                return result
+        raise OpArgumentError(self._result_problem(result, call, producer))
+
+    def _result_problem(self, result: Any, call: BoundCall, producer: str) -> str:
         outputs = self.entry.outputs
-        items = (result,) if len(outputs) == 1 else result
+        items = (result,) if self._single_output else result
         if not isinstance(items, tuple) or len(items) != len(outputs):
-            raise OpArgumentError(
+            return (
                 f"{self.op}: {producer} returned {type(result).__name__}, but the signature declares "
                 f"{len(outputs)} output(s): {', '.join(t.name for t in outputs)}"
             )
         for decl, item, shape, dtype in zip(outputs, items, call.output_shapes, call.output_dtypes):
-            if not isinstance(item, torch.Tensor) or item.shape != shape or item.dtype != dtype:
-                got = (
-                    f"{tuple(item.shape)} {item.dtype}" if isinstance(item, torch.Tensor) else type(item).__name__
-                )
-                raise OpArgumentError(
+            if not (isinstance(item, torch.Tensor) and item.shape == shape and item.dtype is dtype):
+                got = f"{tuple(item.shape)} {item.dtype}" if isinstance(item, torch.Tensor) else type(item).__name__
+                return (
                     f"{self.op}: {producer} returned output {decl.name!r} as {got}; the signature gives "
                     f"{tuple(shape)} {dtype}"
                 )
-        return result
+        return f"{self.op}: {producer} returned an unexpected result"
 
     # -- pieces ----------------------------------------------------------------------------
     def _missing_or_wrong(self, decl: TensorDecl, value: Any):

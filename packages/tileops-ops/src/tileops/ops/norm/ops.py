@@ -16,13 +16,9 @@ from tileops.core import Op
 
 from . import cpu
 from .interfaces import (
-    FusedAddLayerNormCall,
     FusedAddLayerNormFwdInterface,
-    FusedAddRMSNormCall,
     FusedAddRMSNormFwdInterface,
-    LayerNormCall,
     LayerNormFwdInterface,
-    RMSNormCall,
     RMSNormFwdInterface,
 )
 
@@ -92,8 +88,10 @@ class RMSNormFwdOp(_NormOp):
 
     def forward(self, x, weight=None, *, out=None):
         n = self.n
-        call = RMSNormCall(x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False, _aligned(x, weight))
-        y = self.kernel_for(RMSNormFwdInterface, call).forward(x.view(-1, n), _flat(weight, n))
+        kernel = self.kernel_for(
+            RMSNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False, _aligned(x, weight)
+        )
+        y = kernel.forward(x.view(-1, n), _flat(weight, n))
         return _deliver(y, x.shape, out)
 
 
@@ -113,10 +111,10 @@ class LayerNormFwdOp(_NormOp):
 
     def forward(self, x, weight=None, bias=None, *, out=None):
         n = self.n
-        call = LayerNormCall(
-            x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, bias is not None, _aligned(x, weight, bias)
+        kernel = self.kernel_for(
+            LayerNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, bias is not None,
+            _aligned(x, weight, bias),
         )
-        kernel = self.kernel_for(LayerNormFwdInterface, call)
         y = kernel.forward(x.view(-1, n), _flat(weight, n), _flat(bias, n))
         return _deliver(y, x.shape, out)
 
@@ -138,10 +136,10 @@ class FusedAddRMSNormFwdOp(_NormOp):
 
     def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
         n = self.n
-        call = FusedAddRMSNormCall(
-            x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False, _aligned(x, residual, weight)
+        kernel = self.kernel_for(
+            FusedAddRMSNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False,
+            _aligned(x, residual, weight),
         )
-        kernel = self.kernel_for(FusedAddRMSNormFwdInterface, call)
         y, total = kernel.forward(x.view(-1, n), residual.view(-1, n), _flat(weight, n))
         return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)
 
@@ -163,10 +161,9 @@ class FusedAddLayerNormFwdOp(_NormOp):
 
     def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
         n = self.n
-        call = FusedAddLayerNormCall(
-            x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, bias is not None,
-            _aligned(x, residual, weight, bias),
+        kernel = self.kernel_for(
+            FusedAddLayerNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None,
+            bias is not None, _aligned(x, residual, weight, bias),
         )
-        kernel = self.kernel_for(FusedAddLayerNormFwdInterface, call)
         y, total = kernel.forward(x.view(-1, n), residual.view(-1, n), _flat(weight, n), _flat(bias, n))
         return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)

@@ -293,8 +293,8 @@ def make_program(
     def f(e):
         return T.cast(e, f32)
 
-    # Element-wise accesses use a plain loop: a vectorised loop of one lane
-    # trips TileLang's StorageRewrite in the streamed layer norm.
+    # Loop over the lanes of one access: vectorised for 16-byte accesses, a
+    # plain loop for the scalar variant's single lane.
     lanes = T.vectorized if vec > 1 else T.serial
 
     def normalised(c, col, mean, rstd, w, b):
@@ -351,22 +351,10 @@ def make_program(
             acc[1] = f(0)
             mean = T.alloc_var(f32, init=0.0)
             shift = T.alloc_var(f32, init=0.0)
+            count = T.alloc_var(f32, init=0.0)
+            dev_sum = T.alloc_var(f32, init=0.0)
+            gap = T.alloc_var(f32, init=0.0)
             rstd = T.alloc_var(f32, init=0.0)
-
-            if layer and not cached:
-                # One-pass variance around the row's first value: close to the
-                # mean in scale, so sum(d^2)/N - (sum(d)/N)^2 does not cancel.
-                # (Loaded as a whole vector: a lone scalar load beside the
-                # vector loads of x trips TileLang's StorageRewrite.)
-                for h in T.serial(1):
-                    for v in lanes(vec):
-                        buf[v] = x[src, h + v]
-                    if fused:
-                        for v in lanes(vec):
-                            res[v] = r[src, h + v]
-                        shift = f(T.cast(f(buf[0]) + f(res[0]), dt))
-                    else:
-                        shift = f(buf[0])
 
             # Pass 1: load (and add) the row, write s, accumulate statistics.
             for st in T.serial(steps):
@@ -391,6 +379,13 @@ def make_program(
                             if row < m:
                                 for v in lanes(vec):
                                     s[row, vi * vec + v] = buf[bi + v]
+                        if layer and not cached:
+                            # The streamed layer norm sums deviations from the
+                            # thread's first value, which keeps the sums small.
+                            if st == 0:
+                                if u == 0:
+                                    shift = f(buf[bi])
+                            count = count + vec
                         for v in T.unroll(vec):
                             if not layer:
                                 acc[0] = acc[0] + f(buf[bi + v]) * f(buf[bi + v])
@@ -413,10 +408,17 @@ def make_program(
                 row_sum(acc, 1, 1, red, tx)
                 rstd = T.rsqrt(acc[1] * inv_n + eps)
             elif layer:
-                row_sum(acc, 0, 2, red, tx)
+                # With S1, S2 the thread's sums of d = x - shift and of d^2 over
+                # its `count` values, and g = shift - mean, the thread's share of
+                # sum((x - mean)^2) is exactly S2 + 2 g S1 + count g^2.
+                dev_sum = acc[0]
+                acc[0] = acc[0] + count * shift
+                row_sum(acc, 0, 1, red, tx)
                 mean = acc[0] * inv_n
-                rstd = T.rsqrt(T.max(acc[1] * inv_n - mean * mean, f(0)) + eps)
-                mean = mean + shift
+                gap = shift - mean
+                acc[1] = acc[1] + 2 * gap * dev_sum + count * gap * gap
+                row_sum(acc, 1, 1, red, tx)
+                rstd = T.rsqrt(acc[1] * inv_n + eps)
             else:
                 row_sum(acc, 0, 1, red, tx)
                 rstd = T.rsqrt(acc[0] * inv_n + eps)

@@ -1,0 +1,49 @@
+"""Compile tier: every TileLang norm implementation lowers and compiles for sm_90 here.
+
+Compilation runs in a subprocess (TileLang aborts the process where no toolkit is found) with
+TileLang's cache in a temporary folder, so every kernel is really compiled.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import run_python
+
+pytestmark = pytest.mark.compile
+
+# One row length per variant that the variant serves, for each dtype family.
+CASES = [
+    ("register", 4096, "bfloat16"),
+    ("register", 1024, "float32"),
+    ("shared", 16384, "float16"),
+    ("streamed", 65536, "bfloat16"),
+    ("scalar", 1000, "bfloat16"),
+    ("scalar", 100003, "float32"),
+]
+KINDS = ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
+
+SCRIPT = """
+import json, sys, torch
+from tileops.kernels.cuda.norm import programs
+kind, variant, n, dtype = json.loads(sys.argv[1]) if len(sys.argv) > 1 else json.loads({case!r})
+dtype = getattr(torch, dtype)
+has_bias = kind.endswith("layer_norm")
+assert programs.REFUSALS[variant](n, dtype, True) is None, programs.REFUSALS[variant](n, dtype, True)
+kernel = programs.build(kind, variant, n, dtype, 1e-5, has_weight=True, has_bias=has_bias,
+                        target={{"kind": "cuda", "arch": "sm_90"}})
+source = kernel.get_kernel_source()
+assert "__global__" in source
+print("compiled", kind, variant, n, len(source))
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("variant", "n", "dtype"), CASES, ids=[f"{v}-{n}-{d}" for v, n, d in CASES])
+def test_the_kernel_compiles_for_sm90(kind, variant, n, dtype, tmp_path):
+    case = json.dumps([kind, variant, n, dtype])
+    result = run_python(SCRIPT.format(case=case), env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.splitlines()[-1].startswith(f"compiled {kind} {variant} {n} "), result.stdout[-2000:]

@@ -1,0 +1,93 @@
+"""GPU tier: the norm family's TileLang kernels on CUDA, against the fp32 torch reference.
+
+Run on the H200 through the device tool (``pytest -m gpu``); elsewhere these tests skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.testing import check_workload, workload_cases
+
+pytestmark = pytest.mark.gpu
+
+CASES = list(workload_cases(FAMILIES["norm"]))
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_workload_matches_the_reference_on_cuda(case):
+    op = case.op_class(**case.workload.params)
+    check_workload(op, case.workload, case.dtype, "cuda")
+    assert op.target == "builtin"
+    assert all(key != "torch_cpu" for key, _ in op.built_kernels())
+
+
+def _reference_layer_norm(x, w, b, eps=1e-5):
+    return F.layer_norm(x.float(), (x.shape[-1],), w.float(), b.float(), eps).to(x.dtype)
+
+
+def _reference_rms_norm(x, w):
+    return F.rms_norm(x.float(), (x.shape[-1],), w.float(), torch.finfo(x.dtype).eps).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 100, 1000, 1024, 4095, 4096, 5000, 8192, 16384, 65536, 100000])
+@pytest.mark.parametrize("rows", [1, 3, 129])
+def test_every_row_length_is_served_and_correct(n, rows, dtype):
+    if rows * n > 1 << 24:
+        rows = 2
+    x = torch.randn(rows, n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(LayerNormFwdOp(n)(x, w, b), _reference_layer_norm(x, w, b), atol=atol, rtol=rtol)
+    torch.testing.assert_close(RMSNormFwdOp(n)(x, w), _reference_rms_norm(x, w), atol=atol, rtol=rtol)
+    r = torch.randn_like(x)
+    y, total = FusedAddRMSNormFwdOp(n)(x, r, w)
+    torch.testing.assert_close(total, x + r, atol=0, rtol=0)
+    torch.testing.assert_close(y, _reference_rms_norm(x + r, w), atol=atol, rtol=rtol)
+    y, total = FusedAddLayerNormFwdOp(n)(x, r, w, b)
+    torch.testing.assert_close(y, _reference_layer_norm(x + r, w, b), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_misaligned_and_non_contiguous_inputs(dtype):
+    n = 4096
+    atol, rtol = TOLERANCE[dtype]
+    storage = torch.randn(4 * n + 1, device="cuda", dtype=dtype)
+    misaligned = storage[1:].view(4, n)  # contiguous, but 2 or 4 bytes past a 16-byte boundary
+    assert misaligned.data_ptr() % 16 != 0
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    op = LayerNormFwdOp(n)
+    torch.testing.assert_close(op(misaligned, w, b), _reference_layer_norm(misaligned, w, b), atol=atol, rtol=rtol)
+    assert "layer_norm_scalar" in {key for key, _ in op.built_kernels()}
+    strided = torch.randn(n, 6, device="cuda", dtype=dtype).t()
+    torch.testing.assert_close(op(strided, w, b), _reference_layer_norm(strided, w, b), atol=atol, rtol=rtol)
+
+
+def test_batch_dimensions_out_buffers_and_no_affine():
+    x = torch.randn(2, 3, 5, 256, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    y = RMSNormFwdOp(256)(x, out=out)
+    assert y is out
+    torch.testing.assert_close(y, F.rms_norm(x.float(), (256,), eps=torch.finfo(torch.bfloat16).eps).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
+    z = LayerNormFwdOp((5, 256))(x)
+    torch.testing.assert_close(z, F.layer_norm(x.float(), (5, 256)).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_calls_capture_in_a_cuda_graph_after_one_warm_up():
+    op = FusedAddRMSNormFwdOp(4096)
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    r, w = torch.randn_like(x), torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    op(x, r, w)  # warm-up: selects and builds
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, total = op(x, r, w)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(total, x + r, atol=0, rtol=0)
+    torch.testing.assert_close(y, _reference_rms_norm(x + r, w), atol=1.6e-2, rtol=1.6e-2)
