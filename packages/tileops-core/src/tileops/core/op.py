@@ -26,6 +26,7 @@ from .manifest import BoundCall, OpEntry, Signature, load_manifest
 from .registry import BUILTIN, describe_callable
 from .selection import InterfaceImplementations, Verdict, check_implementations
 from .targets import TensorSpec, check_target_name, choose_target
+from .tracing import define_custom_op, is_tracing, traced_call
 
 class _MissingKernel(Kernel):
     """Stands in for an in-tree implementation whose module cannot be imported."""
@@ -117,6 +118,7 @@ class Op:
         self._signature = cls.signature()
         self.params: dict[str, Any] = self._signature.bind_params(params)
         self._fast_bind = self._signature.fast_bind(self.params)
+        define_custom_op(cls)
         load_backends()
         self._requested_target = None if target is None else check_target_name(target, f"{name}(target=...)")
         in_tree = {key: impl for impls in cls.in_tree_classes().values() for key, impl in impls.items()}
@@ -137,11 +139,18 @@ class Op:
         return f"{type(self).__name__}({params})"
 
     @property
+    def requested_target(self) -> str | None:
+        """The target given at construction (``target=``), or None."""
+        return self._requested_target
+
+    @property
     def target(self) -> str | None:
         """The bound target (``BUILTIN`` for the in-tree implementations), or None if unbound."""
         return self._target
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if is_tracing():
+            return traced_call(self, args, kwargs)
         signature = self._signature
         call = None
         if self._fast_bind is not None:

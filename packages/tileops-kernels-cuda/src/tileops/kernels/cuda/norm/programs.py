@@ -71,11 +71,12 @@ DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 # Largest row, in bytes, that each cached variant serves (see their refusals).
-_REGISTER_MAX_ROW_BYTES = 64 * 1024
+_REGISTER_MAX_ROW_BYTES = 32 * 1024
 _SHARED_MAX_ROW_BYTES = 128 * 1024
 # The scalar fallback keeps at most this many elements per thread in registers.
 _SCALAR_MAX_CACHED_PER_THREAD = 16
 _MAX_THREADS = 1024
+_MAX_TPR = 256  # threads per row; see _launch_config
 
 
 # --------------------------------------------------------------------------
@@ -208,27 +209,27 @@ def _pow2_ceil(v: int) -> int:
 
 
 def _launch_config(variant: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
-    """Vector width, threads per row, rows per block and caching mode.
+    """Launch configuration of a variant (``make_program``'s keywords).
 
-    Short rows share a block (rows per block > 1) so that every block has at
-    least 128 threads; long rows get up to 1024 threads, each thread handling
-    a few 16-byte vectors so that enough loads are in flight per thread.
+    Measured on an H200 (bf16, graph replay): two 16-byte vectors per thread
+    and at most 256 threads per row were best or within 2% of best from
+    N=256 to N=16384; 512- and 1024-thread rows lost 10-45% (longer barrier
+    waits, fewer resident blocks). Short rows share a block so that blocks
+    have at least 128 threads. nvcc is held to 64 registers per thread so
+    that at least 1024 threads stay resident per SM.
     """
-    itemsize = dtype.itemsize
     if variant == "scalar":
         vec = 1
-        cached = math.ceil(n / _MAX_THREADS) <= _SCALAR_MAX_CACHED_PER_THREAD
+        cached = math.ceil(n / _MAX_TPR) <= _SCALAR_MAX_CACHED_PER_THREAD
         mode = "register" if cached else "streamed"
-        per_thread = 8
     else:
-        vec = 16 // itemsize
+        vec = 16 // dtype.itemsize
         mode = variant
-        # Vectors per thread: 4 keeps registers low while 4 loads are in flight.
-        per_thread = 4
     nv = n // vec
-    tpr = min(_pow2_ceil(math.ceil(nv / per_thread)), _MAX_THREADS)
+    tpr = min(_pow2_ceil(math.ceil(nv / 2)), _MAX_TPR)
     rows = max(1, 128 // tpr)
-    return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": 4}
+    return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": 4,
+            "min_blocks": max(1, 1024 // (tpr * rows)), "preload": False}
 
 
 # --------------------------------------------------------------------------
@@ -249,13 +250,17 @@ def make_program(
     rows: int,
     mode: str,
     unroll: int = 4,
+    min_blocks: int = 1,
+    preload: bool = False,
 ):
     """The TileLang PrimFunc for one configuration (see ``_launch_config``).
 
     vec: elements per access (16-byte vectors, or 1); tpr: threads per row, a
     power of two <= 1024; rows: rows per block; mode: where the row lives
     between the two passes, "register", "shared" or "streamed"; unroll:
-    vectors in flight per thread and step in streamed mode.
+    vectors in flight per thread and step in streamed mode; min_blocks: blocks
+    per SM that nvcc must fit in the register file; preload (cached modes):
+    load weight and bias with x, before the reduction, rather than after it.
     """
     import tilelang.language as T
 
@@ -270,6 +275,7 @@ def make_program(
     nv = n // vec  # vectors per row
     iters = math.ceil(nv / tpr)  # vectors per thread
     cached = mode in ("register", "shared")
+    preload = preload and cached  # a streamed thread holds one step at a time
     # Cached modes walk all of a thread's vectors in one unrolled step; the
     # streamed mode walks them `unroll` at a time in a runtime loop.
     step = iters if cached else min(unroll, iters)
@@ -297,13 +303,13 @@ def make_program(
     # plain loop for the scalar variant's single lane.
     lanes = T.vectorized if vec > 1 else T.serial
 
-    def normalised(c, col, mean, rstd, w, b):
-        """y at column col, from c, the float32 value of x (or s) there."""
+    def normalised(c, wv, bv, mean, rstd):
+        """y from c, the float32 value of x (or s), and weight/bias values there."""
         o = (c - mean) * rstd if layer else c * rstd
         if has_weight:
-            o = o * f(w[col])
+            o = o * f(wv)
         if has_bias:
-            o = o + f(b[col])
+            o = o + f(bv)
         return T.cast(o, dt)
 
     @T.macro
@@ -331,6 +337,7 @@ def make_program(
     @T.prim_func
     def main(x: x_t, r: r_t, w: w_t, b: b_t, y: y_t, s: s_t):
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+            T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             lane = tx % tpr
             row = bx * rows + tx // tpr
@@ -344,6 +351,9 @@ def make_program(
             else:
                 buf = T.alloc_local((step * vec,), dt)
             res = T.alloc_local((step * vec,), dt)
+            # Preloaded weight and bias (unused unless `preload`).
+            wl = T.alloc_local((step * vec,), dt)
+            bl = T.alloc_local((step * vec,), dt)
             red = T.alloc_shared((2 * rows * warps_per_row,), f32)
             # acc[0]: sum of squares (rms) or of values; acc[1]: of squared deviations.
             acc = T.alloc_local((2,), f32)
@@ -368,6 +378,12 @@ def make_program(
                         if fused:
                             for v in lanes(vec):
                                 res[u * vec + v] = r[src, vi * vec + v]
+                        if preload and has_weight:
+                            for v in lanes(vec):
+                                wl[u * vec + v] = w[vi * vec + v]
+                        if preload and has_bias:
+                            for v in lanes(vec):
+                                bl[u * vec + v] = b[vi * vec + v]
                 for u in T.unroll(step):
                     vi = (st * step + u) * tpr + lane
                     slot = (st * step + u) if cached else u
@@ -442,7 +458,13 @@ def make_program(
                         bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                         if vi < nv:
                             for v in lanes(vec):
-                                y[row, vi * vec + v] = normalised(f(buf[bi + v]), vi * vec + v, mean, rstd, w, b)
+                                col = vi * vec + v
+                                if preload:
+                                    y[row, col] = normalised(f(buf[bi + v]), wl[u * vec + v], bl[u * vec + v], mean, rstd)
+                                else:
+                                    wv = w[col] if has_weight else None
+                                    bv = b[col] if has_bias else None
+                                    y[row, col] = normalised(f(buf[bi + v]), wv, bv, mean, rstd)
 
     return main
 
