@@ -8,6 +8,16 @@ from tileops.core.discovery import load_backends
 from tileops.core.registry import journal
 
 
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory):
+    """Every wheel and sdist of the workspace, built once per test session."""
+    from helpers import run_uv
+
+    out = tmp_path_factory.mktemp("dist")
+    run_uv("build", "--all-packages", "-o", str(out))
+    return out
+
+
 @pytest.fixture
 def scoped_registry():
     """Registrations made inside the test are undone after it, as a failed backend's are."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +27,12 @@ def run_python(code: str, *, env: dict[str, str] | None = None, python: str = sy
         env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})},
         timeout=600,
     )
+
+
+def run_uv(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run uv and fail the test with its output if it fails."""
+    uv = shutil.which("uv")
+    assert uv is not None, "uv is not on PATH; the README's set-up installs it"
+    result = subprocess.run([uv, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"uv {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result

@@ -3,8 +3,6 @@ environment, where the packages import and the template's entry point is found."
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 import tarfile
 import zipfile
@@ -12,26 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, run_python
+from helpers import run_python, run_uv
 
 pytestmark = pytest.mark.slow
-
-uv = shutil.which("uv")
-
-
-def _uv(*args: str, cwd: Path = ROOT) -> None:
-    result = subprocess.run([uv, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, f"uv {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-
-
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory) -> Path:
-    if uv is None:
-        pytest.fail("uv is not on PATH; the README's set-up installs it")
-    out = tmp_path_factory.mktemp("dist")
-    _uv("build", "--all-packages", "-o", str(out))
-    return out
-
 
 def _wheel(dist: Path, name: str) -> Path:
     (wheel,) = dist.glob(f"{name.replace('-', '_')}-*.whl")
@@ -60,17 +41,17 @@ def test_the_ops_wheel_and_sdist_carry_the_manifest(dist):
 
 def test_a_wheel_built_from_the_ops_sdist_carries_the_manifest(dist, tmp_path):
     (sdist,) = dist.glob("tileops_ops-*.tar.gz")
-    _uv("build", "--wheel", str(sdist), "-o", str(tmp_path))
+    run_uv("build", "--wheel", str(sdist), "-o", str(tmp_path))
     (wheel,) = tmp_path.glob("tileops_ops-*.whl")
     assert "tileops/ops/manifest/norm.yaml" in zipfile.ZipFile(wheel).namelist()
 
 
 def test_the_wheels_install_and_work_in_a_fresh_environment(dist, tmp_path):
     venv = tmp_path / "venv"
-    _uv("venv", "--python", sys.executable, str(venv))
+    run_uv("venv", "--python", sys.executable, str(venv))
     python = str(venv / "bin" / "python")
     wheels = [str(w) for w in dist.glob("*.whl")]
-    _uv("pip", "install", "--python", python, *wheels)
+    run_uv("pip", "install", "--python", python, *wheels)
     result = run_python(
         """
 import importlib.metadata, sys, torch

@@ -21,6 +21,7 @@ from tileops.core.manifest.loader import OpEntry, Workload
 
 __all__ = [
     "WorkloadCase",
+    "check_empty_write",
     "check_workload",
     "reference_outputs",
     "workload_cases",
@@ -67,38 +68,98 @@ def workload_inputs(
     return inputs
 
 
-def reference_outputs(entry: OpEntry, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> tuple:
-    """The entry's ``ref_api`` evaluated on ``inputs`` (cloned, so in-place references are safe)."""
+def reference_outputs(
+    entry: OpEntry, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]
+) -> tuple[tuple, dict[str, torch.Tensor]]:
+    """The entry's ``ref_api`` evaluated on clones of ``inputs``: its outputs, and the clones
+    of the inputs the op writes, as the reference left them."""
     namespace: dict[str, Any] = {decl.name: None for decl in entry.inputs}
     namespace.update({name: tensor.clone() for name, tensor in inputs.items()})
     namespace.update(params)
     namespace.update(torch=torch, F=F)
     result = evaluate(entry.ref_code, namespace)
-    return result if isinstance(result, tuple) else (result,)
+    written = {d.name: namespace[d.name] for d in entry.inputs if d.written and namespace[d.name] is not None}
+    return (result if isinstance(result, tuple) else (result,)), written
 
 
 def check_workload(
-    op: Op, workload: Workload, dtype: torch.dtype, device: torch.device | str, *, seed: int = 0
+    op: Op,
+    workload: Workload,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    seed: int = 0,
+    out_buffers: bool = False,
 ) -> tuple:
     """Run ``op`` on ``workload`` and assert every output matches the reference.
 
-    Returns the op's outputs (as a tuple). Raises AssertionError naming the op, the workload,
-    the dtype and the output that differs.
+    Checks the number, shapes, dtypes and device of the outputs, their values within the
+    manifest's tolerance for ``dtype``, the inputs the op writes, and outputs that alias a
+    written input. With ``out_buffers``, passes a buffer for every output that accepts one and
+    checks the op returns and fills it. Returns the op's outputs as a tuple; raises
+    AssertionError naming the op, the workload, the dtype and what differs.
     """
     entry = type(op).manifest_entry()
     inputs = workload_inputs(entry, workload, dtype, device, seed=seed)
-    expected = reference_outputs(entry, {k: v.cpu() if v.device.type == "meta" else v for k, v in inputs.items()}, op.params)
+    expected, expected_written = reference_outputs(entry, inputs, op.params)
+    where = f"{entry.name} on workload {workload.name!r} in {dtype} on {device}"
+    buffers = {}
+    if out_buffers:
+        for decl, want in zip(entry.outputs, expected):
+            if decl.out:
+                buffers[decl.out] = torch.empty_like(want)
+    result = op(**inputs, **buffers)
+    outputs = result if isinstance(result, tuple) else (result,)
+    assert len(outputs) == len(entry.outputs), f"{where}: {len(outputs)} outputs, the manifest declares {len(entry.outputs)}"
+    for decl, got, want in zip(entry.outputs, outputs, expected):
+        _assert_tensor_close(f"{where}: output {decl.name!r}", got, want, entry.tolerance[dtype])
+        if decl.aliases:
+            assert got is inputs[decl.aliases], f"{where}: output {decl.name!r} must be input {decl.aliases!r} itself"
+        if decl.out in buffers:
+            assert got is buffers[decl.out], f"{where}: output {decl.name!r} is not the {decl.out}= buffer passed"
+    for name, want in expected_written.items():
+        _assert_tensor_close(f"{where}: written input {name!r}", inputs[name], want, entry.tolerance[dtype])
+    return outputs
+
+
+def _assert_tensor_close(what: str, got: Any, want: torch.Tensor, tolerance: tuple[float, float]) -> None:
+    assert isinstance(got, torch.Tensor), f"{what} is {type(got).__name__}, not a tensor"
+    assert got.shape == want.shape, f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"{what} has dtype {got.dtype}, expected {want.dtype}"
+    assert got.device == want.device, f"{what} is on {got.device}, expected {want.device}"
+    atol, rtol = tolerance
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+def check_empty_write(op: Op, workload: Workload, dtype: torch.dtype, device: torch.device | str) -> None:
+    """A call whose written tensors are all empty returns outputs built from the signature,
+    runs no implementation and binds no target."""
+    entry = type(op).manifest_entry()
+    first = entry.inputs[0].name
+    shapes = {name: (0, *shape[1:]) if shape and name in _batched(entry, workload) else shape
+              for name, shape in workload.shapes.items()}
+    empty = Workload(workload.name + "-empty", shapes, workload.dtypes, workload.params)
+    inputs = workload_inputs(entry, empty, dtype, device)
     result = op(**inputs)
     outputs = result if isinstance(result, tuple) else (result,)
-    where = f"{entry.name} on workload {workload.name!r} in {dtype} on {device}"
-    assert len(outputs) == len(entry.outputs), f"{where}: {len(outputs)} outputs, the manifest declares {len(entry.outputs)}"
-    atol, rtol = entry.tolerance[dtype]
+    expected, _ = reference_outputs(entry, inputs, op.params)
     for decl, got, want in zip(entry.outputs, outputs, expected):
-        assert isinstance(got, torch.Tensor), f"{where}: output {decl.name!r} is {type(got).__name__}"
-        assert got.shape == want.shape, f"{where}: output {decl.name!r} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-        assert got.dtype == want.dtype, f"{where}: output {decl.name!r} has dtype {got.dtype}, expected {want.dtype}"
-        assert got.device == want.device, f"{where}: output {decl.name!r} is on {got.device}, expected {want.device}"
-        torch.testing.assert_close(
-            got.float(), want.float(), atol=atol, rtol=rtol, msg=lambda m, d=decl: f"{where}: output {d.name!r}: {m}"
+        assert got.shape == want.shape and got.dtype == want.dtype and got.device == want.device, (
+            f"{entry.name}: an empty call's output {decl.name!r} is {tuple(got.shape)} {got.dtype} on {got.device}, "
+            f"expected {tuple(want.shape)} {want.dtype} on {want.device}"
         )
-    return outputs
+    assert op.target is None, f"{entry.name}: a call writing only empty tensors bound target {op.target!r}"
+    assert op.built_kernels() == [], f"{entry.name}: a call writing only empty tensors built a kernel"
+    assert first in inputs
+
+
+def _batched(entry: OpEntry, workload: Workload) -> set[str]:
+    """Inputs whose first dimension is the batch (shaped like the first input)."""
+    first = workload.shapes[entry.inputs[0].name]
+    return {name for name, shape in workload.shapes.items() if len(shape) == len(first)}
+
+
+# The kit builds on the helpers above, so it is imported after them.
+from .conformance import Check, KernelTypeConformance, TargetConformance  # noqa: E402
+
+__all__ += ["Check", "KernelTypeConformance", "TargetConformance"]

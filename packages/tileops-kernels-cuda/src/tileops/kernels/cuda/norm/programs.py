@@ -19,7 +19,7 @@ M is a dynamic (symbolic) dimension, so one compiled kernel serves every batch
 size; N, the dtype, eps and the weight/bias flags are compile-time constants.
 
 Variants (the dispatcher chooses with the ``*_refusal`` functions, or takes
-``choose_variant``, which applies them in the preference order ``VARIANTS``):
+``choose_variant``, which applies them in a measured preference order):
 
 * ``register``  each thread keeps its slice of the row in registers between the
   statistics pass and the normalisation pass; x is read from HBM once.
@@ -62,21 +62,24 @@ import torch
 
 KINDS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm")
 
-# Preference order: the first variant that does not refuse is the fastest one
-# that serves the case (boundaries measured on an H200, see the refusals).
 VARIANTS = ("register", "shared", "streamed", "scalar")
+
+# Measured on an H200 (bf16): the rms kinds are fastest with the row in
+# registers; the layer-norm kinds (more live values per element) are fastest
+# with it in shared memory, which keeps occupancy up, except for rows of at
+# most 1 KiB, where registers won by 4-9%.
+_LAYER_NORM_REGISTER_MAX_ROW_BYTES = 1024
 
 DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 # Largest row, in bytes, that each cached variant serves (see their refusals).
-_REGISTER_MAX_ROW_BYTES = 32 * 1024
+_REGISTER_MAX_ROW_BYTES = 8 * 1024
 _SHARED_MAX_ROW_BYTES = 128 * 1024
 # The scalar fallback keeps at most this many elements per thread in registers.
 _SCALAR_MAX_CACHED_PER_THREAD = 16
 _MAX_THREADS = 1024
-_MAX_TPR = 256  # threads per row; see _launch_config
 
 
 # --------------------------------------------------------------------------
@@ -111,9 +114,10 @@ def _vector_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
 def register_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
     """None if the 'register' variant serves (n, dtype, aligned), else why not.
 
-    Needs 16-byte vector access and a row of at most 64 KiB, so that
-    1024 threads hold it in at most 16 registers each (beyond that the
-    'shared' variant is as fast and spills nothing).
+    Needs 16-byte vector access and a row of at most 8 KiB (N <= 4096 in
+    16-bit types, 2048 in float32). Longer rows need more live registers per
+    thread than the register file holds at full occupancy: on an H200 the
+    fused and layer-norm kinds then ran 1.5-10x slower than 'shared'.
     """
     reason = _vector_refusal(n, dtype, aligned)
     if reason:
@@ -129,8 +133,9 @@ def register_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
 def shared_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
     """None if the 'shared' variant serves (n, dtype, aligned), else why not.
 
-    Needs 16-byte vector access and a row that fits the shared-memory budget
-    of one block (128 KiB, leaving room on the SM for the next block).
+    Needs 16-byte vector access and a row of at most 128 KiB of shared
+    memory (N <= 65536 in 16-bit types, 32768 in float32); on an H200 it
+    reached 4.0 TB/s at N = 16384 .. 65536.
     """
     reason = _vector_refusal(n, dtype, aligned)
     if reason:
@@ -146,7 +151,9 @@ def shared_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
 def streamed_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
     """None if the 'streamed' variant serves (n, dtype, aligned), else why not.
 
-    Serves any row length; needs only 16-byte vector access.
+    Serves any row length; needs only 16-byte vector access. The row is
+    read twice (the second time mostly from L2): 3.6-3.7 TB/s on an H200
+    at N = 32768 .. 65536, behind 'shared' where that serves.
     """
     return _vector_refusal(n, dtype, aligned)
 
@@ -167,9 +174,13 @@ REFUSALS = {
 }
 
 
-def choose_variant(n: int, dtype: torch.dtype, aligned: bool) -> str:
-    """The preferred variant serving (n, dtype, aligned); ValueError if none does."""
-    for variant in VARIANTS:
+def choose_variant(kind: str, n: int, dtype: torch.dtype, aligned: bool) -> str:
+    """The fastest variant serving (kind, n, dtype, aligned); ValueError if none does."""
+    _check_kind(kind, False)
+    order = VARIANTS
+    if kind.endswith("layer_norm") and n * dtype.itemsize > _LAYER_NORM_REGISTER_MAX_ROW_BYTES:
+        order = ("shared", "register", "streamed", "scalar")
+    for variant in order:
         if REFUSALS[variant](n, dtype, aligned) is None:
             return variant
     raise ValueError(scalar_refusal(n, dtype, aligned))
@@ -208,28 +219,42 @@ def _pow2_ceil(v: int) -> int:
     return 1 << max(0, (v - 1).bit_length())
 
 
-def _launch_config(variant: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
+def _launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
     """Launch configuration of a variant (``make_program``'s keywords).
 
-    Measured on an H200 (bf16, graph replay): two 16-byte vectors per thread
-    and at most 256 threads per row were best or within 2% of best from
-    N=256 to N=16384; 512- and 1024-thread rows lost 10-45% (longer barrier
-    waits, fewer resident blocks). Short rows share a block so that blocks
-    have at least 128 threads. nvcc is held to 64 registers per thread so
-    that at least 1024 threads stay resident per SM.
+    From H200 measurements (bf16, graph replay, N = 256 .. 65536):
+    * rms kinds were fastest with two 16-byte vectors per thread, layer-norm
+      kinds (two reductions, more live values) with four;
+    * rows of more than 256 threads lost 5-45% in register mode (barrier
+      waits, fewer resident blocks), while the shared and streamed modes
+      want about 8-16 vectors per thread on very long rows;
+    * loading weight and bias before the reduction paid for rows of at most
+      2 KiB (3-17%) and cost up to 50% on long rows (register spills);
+    * short rows share a block so that blocks have at least 128 threads.
     """
+    _check_kind(kind, False)
+    per_thread = 2 if kind.endswith("rms_norm") else 4
+    preload = False
     if variant == "scalar":
         vec = 1
-        cached = math.ceil(n / _MAX_TPR) <= _SCALAR_MAX_CACHED_PER_THREAD
+        per_thread = 8
+        max_tpr = _MAX_THREADS
+        cached = math.ceil(n / _MAX_THREADS) <= _SCALAR_MAX_CACHED_PER_THREAD
         mode = "register" if cached else "streamed"
     else:
         vec = 16 // dtype.itemsize
         mode = variant
-    nv = n // vec
-    tpr = min(_pow2_ceil(math.ceil(nv / 2)), _MAX_TPR)
+        nv = n // vec
+        if variant == "register":
+            max_tpr = 256
+            preload = n * dtype.itemsize <= 2048
+        elif variant == "shared":
+            max_tpr = min(max(256, _pow2_ceil(math.ceil(nv / 16))), _MAX_THREADS)
+        else:
+            max_tpr = _MAX_THREADS
+    tpr = min(_pow2_ceil(math.ceil(n // vec / per_thread)), max_tpr)
     rows = max(1, 128 // tpr)
-    return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": 4,
-            "min_blocks": max(1, 1024 // (tpr * rows)), "preload": False}
+    return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": 4, "preload": preload}
 
 
 # --------------------------------------------------------------------------
@@ -250,7 +275,6 @@ def make_program(
     rows: int,
     mode: str,
     unroll: int = 4,
-    min_blocks: int = 1,
     preload: bool = False,
 ):
     """The TileLang PrimFunc for one configuration (see ``_launch_config``).
@@ -258,8 +282,7 @@ def make_program(
     vec: elements per access (16-byte vectors, or 1); tpr: threads per row, a
     power of two <= 1024; rows: rows per block; mode: where the row lives
     between the two passes, "register", "shared" or "streamed"; unroll:
-    vectors in flight per thread and step in streamed mode; min_blocks: blocks
-    per SM that nvcc must fit in the register file; preload (cached modes):
+    vectors in flight per thread and step in streamed mode; preload (cached modes):
     load weight and bias with x, before the reduction, rather than after it.
     """
     import tilelang.language as T
@@ -337,7 +360,6 @@ def make_program(
     @T.prim_func
     def main(x: x_t, r: r_t, w: w_t, b: b_t, y: y_t, s: s_t):
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
-            T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             lane = tx % tpr
             row = bx * rows + tx // tpr
@@ -350,7 +372,7 @@ def make_program(
                 buf = T.alloc_shared((iters * threads * vec,), dt)
             else:
                 buf = T.alloc_local((step * vec,), dt)
-            res = T.alloc_local((step * vec,), dt)
+            res = T.alloc_local((step * vec,), dt)  # residual (fused kinds)
             # Preloaded weight and bias (unused unless `preload`).
             wl = T.alloc_local((step * vec,), dt)
             bl = T.alloc_local((step * vec,), dt)
@@ -360,11 +382,12 @@ def make_program(
             acc[0] = f(0)
             acc[1] = f(0)
             mean = T.alloc_var(f32, init=0.0)
+            rstd = T.alloc_var(f32, init=0.0)
+            # Used by the streamed layer norm only (see below).
             shift = T.alloc_var(f32, init=0.0)
             count = T.alloc_var(f32, init=0.0)
             dev_sum = T.alloc_var(f32, init=0.0)
             gap = T.alloc_var(f32, init=0.0)
-            rstd = T.alloc_var(f32, init=0.0)
 
             # Pass 1: load (and add) the row, write s, accumulate statistics.
             for st in T.serial(steps):
@@ -502,7 +525,7 @@ def build(
     if reason:
         raise ValueError(f"{variant} variant cannot serve N={n} {dtype}: {reason}")
     target = DEFAULT_TARGET if target is None else target
-    config = _launch_config(variant, n, dtype)
+    config = _launch_config(kind, variant, n, dtype)
     return compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config)
 
 

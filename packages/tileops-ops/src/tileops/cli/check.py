@@ -1,0 +1,147 @@
+"""``tileops check``: the manifest validator.
+
+Without arguments it loads every manifest file ``tileops.ops`` ships, strictly, and checks
+each op class against its entry: the constructor's params (names, order, defaults, keyword
+use) and the family ``tileops.ops.FAMILIES`` lists it under; an entry no class implements is
+a problem too. With ``--manifest`` it validates the given files alone. The errors are the
+loader's own, naming the file, the op and the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from tileops.core.errors import TileOpsError
+from tileops.core.manifest import OpEntry
+from tileops.core.manifest.loader import parse_manifest
+from tileops.core.op import Op, constructor_mismatch
+from tileops.ops import FAMILIES
+
+from .output import print_json
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "check",
+        help="validate the manifest and check every op class against its entry",
+        description=(
+            "Load every shipped manifest file strictly and check each op class against its "
+            "entry; print one line per op and exit 1 on any problem. With --manifest, validate "
+            "those files instead (loading only: their entries are not checked against op classes)."
+        ),
+    )
+    parser.add_argument(
+        "--manifest",
+        metavar="PATH",
+        type=Path,
+        nargs="+",
+        action="extend",
+        help="manifest files to validate instead of the shipped ones",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(handler=run)
+
+
+def shipped_manifest_files() -> list[Any]:
+    """The manifest files ``tileops.ops`` ships (``importlib.resources`` traversables)."""
+    folder = files("tileops.ops") / "manifest"
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name)
+
+
+def _load(path: Any) -> tuple[dict[str, OpEntry], str | None]:
+    """The validated entries of one file, or no entries and the error that stopped loading."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        return {}, f"{source}: cannot be read: {error}"
+    try:
+        return parse_manifest(text, source), None
+    except TileOpsError as error:
+        return {}, str(error)
+
+
+def check_files(paths: Iterable[Any], *, against_op_classes: bool) -> dict[str, Any]:
+    checked_files, ops, entries = [], [], {}
+    for path in paths:
+        file_entries, error = _load(path)
+        checked_files.append({"file": str(path), "ops": sorted(file_entries), "error": error})
+        ops.extend(_op_result(name, entry.family, entry.source, []) for name, entry in file_entries.items())
+        entries.update(file_entries)
+    if against_op_classes:
+        ops = _check_op_classes(entries)
+    return {
+        "ok": not any(f["error"] for f in checked_files) and not any(op["problems"] for op in ops),
+        "files": checked_files,
+        "ops": ops,
+    }
+
+
+def _op_result(op: str, family: str, file: str, problems: list[str]) -> dict[str, Any]:
+    return {"op": op, "family": family, "file": file, "problems": problems}
+
+
+def _check_op_classes(entries: dict[str, OpEntry]) -> list[dict[str, Any]]:
+    ops = [
+        _op_result(op_class.__name__, family, str(op_class.manifest_file), _problems(op_class, family))
+        for family, op_classes in FAMILIES.items()
+        for op_class in op_classes
+    ]
+    implemented = {op["op"] for op in ops}
+    ops.extend(
+        _op_result(
+            name,
+            entry.family,
+            entry.source,
+            [f"{entry.source} declares {name}, but tileops.ops.FAMILIES lists no op class of that name"],
+        )
+        for name, entry in entries.items()
+        if name not in implemented
+    )
+    return ops
+
+
+def _problems(op_class: type[Op], family: str) -> list[str]:
+    try:
+        problems = constructor_mismatch(op_class)
+        declared_family = op_class.manifest_entry().family
+    except TileOpsError as error:  # its manifest file does not load, or holds no entry for it
+        return [str(error)]
+    if declared_family != family:
+        problems.append(
+            f"tileops.ops.FAMILIES lists {op_class.__name__} under {family!r}, its manifest entry "
+            f"says family {declared_family!r}"
+        )
+    return problems
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.manifest:
+        result = check_files(args.manifest, against_op_classes=False)
+    else:
+        result = check_files(shipped_manifest_files(), against_op_classes=True)
+    if args.json:
+        print_json(result)
+    else:
+        print("\n".join(_text(result)))
+    return 0 if result["ok"] else 1
+
+
+def _text(result: dict[str, Any]) -> list[str]:
+    lines = [f"FAIL  {f['error']}" for f in result["files"] if f["error"]]
+    for op in result["ops"]:
+        if op["problems"]:
+            lines.append(f"FAIL  {op['op']}: {'; '.join(op['problems'])}")
+        else:
+            lines.append(f"OK    {op['op']} ({Path(op['file']).name})")
+    failed_ops = sum(1 for op in result["ops"] if op["problems"])
+    failed_files = sum(1 for f in result["files"] if f["error"])
+    lines.append(
+        f"{len(result['files'])} manifest file(s), {len(result['ops'])} op(s): "
+        + ("all OK" if result["ok"] else f"{failed_files} file(s) do not load, {failed_ops} op(s) have problems")
+    )
+    return lines

@@ -1,0 +1,250 @@
+"""The conformance kit: checks a target, or an added kernel type, against the manifest.
+
+Each kit lists named checks (``checks()``); a backend's test module parametrizes one test
+over them, so every check is its own test with its own name::
+
+    kit = TargetConformance("acme", device="cpu", backend_module="tileops_acme")
+
+    @pytest.mark.parametrize("check", kit.checks(), ids=str)
+    def test_acme(check):
+        check()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from tileops.backend import BUILTIN, OpNotAvailableError, registered_targets
+from tileops.core import Op, registry
+from tileops.core.manifest.loader import DTYPES, Workload
+from tileops.ops import FAMILIES
+
+from . import check_empty_write, check_workload
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One named conformance check; call it to run it (it raises AssertionError on failure)."""
+
+    name: str
+    run: Callable[[], None]
+
+    def __call__(self) -> None:
+        self.run()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _all_ops() -> list[type[Op]]:
+    return [op for ops in FAMILIES.values() for op in ops]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _elements(workload: Workload) -> int:
+    total = 0
+    for shape in workload.shapes.values():
+        count = 1
+        for d in shape:
+            count *= d
+        total += count
+    return total
+
+
+@contextlib.contextmanager
+def _counted_builds(op_name: str, target: str) -> Iterator[list]:
+    """Record every call of the target's builder for ``op_name`` while the block runs."""
+    calls: list = []
+    original = registry.builder(op_name, target).value
+
+    def counting(*specs, **params):
+        calls.append(specs)
+        return original(*specs, **params)
+
+    registry.swap_builder(op_name, target, counting)
+    try:
+        yield calls
+    finally:
+        registry.swap_builder(op_name, target, original)
+
+
+class TargetConformance:
+    """Checks that ``target`` serves, on ``device``, every op it registers a builder for.
+
+    ``target`` may be ``BUILTIN`` to check the in-tree implementations on ``device``.
+    Workloads above ``max_elements`` (all inputs together) are left out, and said so in the
+    check list. ``backend_module`` names the module whose import registers the target; it is
+    imported in a fresh interpreter to check that importing builds no kernel.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        device: str | torch.device,
+        max_elements: int | None = 1 << 24,
+        backend_module: str | None = None,
+    ) -> None:
+        self.target = target
+        self.device = torch.device(device)
+        self.max_elements = max_elements
+        self.backend_module = backend_module
+
+    def served_ops(self) -> list[type[Op]]:
+        if self.target == BUILTIN:
+            return _all_ops()
+        return [op for op in _all_ops() if self.target in registered_targets(op.__name__)]
+
+    def checks(self) -> list[Check]:
+        checks: list[Check] = []
+        if self.backend_module is not None:
+            checks.append(Check(f"{self.target}: importing {self.backend_module} builds no kernel", self._check_import))
+        served = self.served_ops()
+        if self.target != BUILTIN:
+            assert served, f"target {self.target!r} registers no kernel builder: nothing to check"
+        for op_class in served:
+            entry = op_class.manifest_entry()
+            for workload in entry.workloads:
+                if self.max_elements is not None and _elements(workload) > self.max_elements:
+                    continue
+                for dtype in workload.dtypes:
+                    name = f"{self.target}: {op_class.__name__} {workload.name} {_dtype_name(dtype)}"
+                    checks.append(Check(name, self._workload_check(op_class, workload, dtype)))
+            first = entry.workloads[0]
+            checks.append(Check(f"{self.target}: {op_class.__name__} empty-write call", self._empty_check(op_class, first)))
+            if self.target != BUILTIN:
+                checks.append(Check(f"{self.target}: {op_class.__name__} builds once per input layout", self._build_count_check(op_class, first)))
+        if self.target != BUILTIN:
+            for op_class in _all_ops():
+                if op_class not in served:
+                    checks.append(Check(f"{self.target}: {op_class.__name__} is not served and says so", self._not_served_check(op_class)))
+        return checks
+
+    def _op(self, op_class: type[Op], workload: Workload) -> Op:
+        return op_class(**workload.params, target=self.target)
+
+    def _workload_check(self, op_class, workload, dtype) -> Callable[[], None]:
+        def run() -> None:
+            op = self._op(op_class, workload)
+            check_workload(op, workload, dtype, self.device)
+            check_workload(op, workload, dtype, self.device, seed=1, out_buffers=True)
+            assert op.target == self.target, f"{op_class.__name__}: bound {op.target!r}, not {self.target!r}"
+        return run
+
+    def _empty_check(self, op_class, workload) -> Callable[[], None]:
+        def run() -> None:
+            check_empty_write(self._op(op_class, workload), workload, workload.dtypes[0], self.device)
+        return run
+
+    def _build_count_check(self, op_class, workload) -> Callable[[], None]:
+        def run() -> None:
+            dtype = workload.dtypes[0]
+            op = self._op(op_class, workload)
+            with _counted_builds(op_class.__name__, self.target) as builds:
+                check_workload(op, workload, dtype, self.device)
+                check_workload(op, workload, dtype, self.device, seed=2)
+                assert len(builds) == 1, f"{op_class.__name__}: build_kernel ran {len(builds)} times for one input layout"
+                batch = {k: (v[0] + 1, *v[1:]) if len(v) == len(workload.shapes[op_class.signature().input_names[0]]) else v
+                         for k, v in workload.shapes.items()}
+                check_workload(op, Workload(workload.name + "+1", batch, workload.dtypes, workload.params), dtype, self.device)
+                assert len(builds) == 2, f"{op_class.__name__}: a new input shape should build once more, builds: {len(builds)}"
+        return run
+
+    def _not_served_check(self, op_class) -> Callable[[], None]:
+        def run() -> None:
+            workload = op_class.manifest_entry().workloads[0]
+            op = self._op(op_class, workload)
+            from . import workload_inputs
+
+            inputs = workload_inputs(op_class.manifest_entry(), workload, workload.dtypes[0], self.device)
+            try:
+                op(**inputs)
+            except OpNotAvailableError as error:
+                assert op_class.__name__ in str(error) and repr(self.target) in str(error), str(error)
+            else:
+                raise AssertionError(f"{op_class.__name__} with target={self.target!r} ran instead of raising OpNotAvailableError")
+        return run
+
+    def _check_import(self) -> None:
+        """Import the backend in a fresh interpreter with every builder it registers wrapped in
+        a counter: importing must call none of them, and must not import tilelang."""
+        code = f"""
+import json, sys
+import tileops.backend as backend
+calls = []
+original = backend.register_kernel_builder
+def counting_register(op, target, build_kernel):
+    def counted(*a, **k):
+        calls.append(op)
+        return build_kernel(*a, **k)
+    original(op=op, target=target, build_kernel=counted)
+backend.register_kernel_builder = counting_register
+import {self.backend_module}
+print(json.dumps({{"builds": calls, "tilelang": "tilelang" in sys.modules}}))
+"""
+        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        result = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, f"importing {self.backend_module} failed:\n{result.stderr}"
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert report["builds"] == [], f"importing {self.backend_module} built kernels for {report['builds']}"
+        assert not report["tilelang"], f"importing {self.backend_module} imported tilelang"
+
+
+class KernelTypeConformance:
+    """Checks an implementation added with ``register_kernel_type``.
+
+    ``inside`` are calls it must serve (it must be the selected key, with correct results);
+    ``outside`` are calls it must leave to the others (still correct). Each call is a dict
+    with ``shapes`` (input name -> shape), ``params`` and ``dtype`` (a name, e.g. "float32").
+    """
+
+    def __init__(
+        self,
+        op: type[Op],
+        key: str,
+        *,
+        device: str | torch.device,
+        inside: Sequence[dict[str, Any]],
+        outside: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        self.op, self.key, self.device = op, key, torch.device(device)
+        self.inside, self.outside = list(inside), list(outside)
+
+    def checks(self) -> list[Check]:
+        checks = [Check(f"{self.key}: registered for {self.op.__name__}", self._check_registered)]
+        for i, call in enumerate(self.inside):
+            checks.append(Check(f"{self.key}: serves {call['shapes']} {call['dtype']}", self._call_check(call, True, i)))
+        for i, call in enumerate(self.outside):
+            checks.append(Check(f"{self.key}: leaves {call['shapes']} {call['dtype']} to others", self._call_check(call, False, i)))
+        return checks
+
+    def _check_registered(self) -> None:
+        assert self.key in registry.kernel_types(self.op.__name__), (
+            f"{self.key!r} is not registered for {self.op.__name__}; is the backend installed?"
+        )
+        self.op(**(self.inside or self.outside)[0]["params"])  # construction checks the contract
+
+    def _call_check(self, call: dict[str, Any], inside: bool, index: int) -> Callable[[], None]:
+        def run() -> None:
+            dtype = DTYPES[call["dtype"]]
+            workload = Workload(f"call{index}", {k: tuple(v) for k, v in call["shapes"].items()}, (dtype,), call["params"])
+            op = self.op(**call["params"], target=BUILTIN)
+            check_workload(op, workload, dtype, self.device)
+            served = {key for key, _ in op.built_kernels()}
+            if inside:
+                assert served == {self.key}, f"{self.op.__name__} {call['shapes']}: served by {served}, expected {self.key!r}"
+            else:
+                assert self.key not in served, f"{self.op.__name__} {call['shapes']}: {self.key!r} served a call outside its region"
+        return run
