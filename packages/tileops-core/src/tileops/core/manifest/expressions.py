@@ -39,8 +39,9 @@ class ExpressionError(ValueError):
 def compile_expression(text: Any, names: Iterable[str], *, attributes: bool = False):
     """Parse ``text`` and return its code object, refusing unknown names and constructs.
 
-    ``attributes`` allows attribute access and any call (for reference expressions such as
-    ``torch.nn.functional.rms_norm(x, ...)``); otherwise only the functions in FUNCTIONS.
+    ``attributes`` allows attribute access, any call and ``name := value`` (for reference
+    expressions such as ``torch.nn.functional.rms_norm(x, ...)``); otherwise only the
+    functions in FUNCTIONS.
     """
     if not isinstance(text, str) or not text.strip():
         raise ExpressionError(f"expected an expression string, got {text!r}")
@@ -49,8 +50,10 @@ def compile_expression(text: Any, names: Iterable[str], *, attributes: bool = Fa
     except SyntaxError as error:
         raise ExpressionError(f"{text!r} is not a valid expression: {error.msg}") from None
     known = set(names) | set(FUNCTIONS)
+    if attributes:
+        known |= {node.target.id for node in ast.walk(tree) if isinstance(node, ast.NamedExpr)}
     for node in ast.walk(tree):
-        if attributes and isinstance(node, (ast.Attribute, ast.keyword, ast.Starred)):
+        if attributes and isinstance(node, (ast.Attribute, ast.keyword, ast.Starred, ast.NamedExpr, ast.Store)):
             continue
         if not isinstance(node, _ALLOWED_NODES):
             raise ExpressionError(f"{text!r} uses {type(node).__name__}, which manifest expressions do not allow")

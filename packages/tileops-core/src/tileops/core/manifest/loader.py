@@ -100,6 +100,8 @@ class OpEntry:
     constraints: tuple[Constraint, ...]
     ref_api: str
     ref_code: Any
+    torch_api: str | None  # the same computation in plain torch at the inputs' precision (benchmarks)
+    torch_code: Any
     tolerance: Mapping[torch.dtype, tuple[float, float]]  # dtype -> (atol, rtol)
     workloads: tuple[Workload, ...]
     roofline: Mapping[str, Any]  # "bytes"/"flops" -> code
@@ -277,7 +279,7 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         raise _Where(source).error(f"op name {op!r} is not a class name")
     spec = _mapping(
         value, where,
-        {"family", "summary", "signature", "ref_api", "tolerance", "workloads", "roofline"},
+        {"family", "summary", "signature", "ref_api", "torch_api", "tolerance", "workloads", "roofline"},
         {"family", "summary", "signature", "ref_api", "tolerance", "workloads", "roofline"},
     )
     sig = _mapping(spec["signature"], where.at("signature"), {"inputs", "outputs", "params", "constraints"}, {"inputs", "outputs"})
@@ -333,6 +335,11 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         constraints.append(Constraint(c["expr"], code, _str(c["message"], cwhere.at("message")), at_construction))
 
     ref_code = _expression(spec["ref_api"], set(inputs) | param_names | {"torch", "F"}, where.at("ref_api"), attributes=True)
+    torch_code = None
+    if "torch_api" in spec:
+        torch_code = _expression(
+            spec["torch_api"], set(inputs) | param_names | {"torch", "F"}, where.at("torch_api"), attributes=True
+        )
 
     tolerance = {}
     for dname, tol in _mapping(spec["tolerance"], where.at("tolerance"), set(DTYPES)).items():
@@ -382,6 +389,8 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         constraints=tuple(constraints),
         ref_api=spec["ref_api"],
         ref_code=ref_code,
+        torch_api=spec.get("torch_api"),
+        torch_code=torch_code,
         tolerance=tolerance,
         workloads=tuple(workloads),
         roofline=roofline,

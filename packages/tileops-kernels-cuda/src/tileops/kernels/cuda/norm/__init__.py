@@ -4,8 +4,8 @@ Four variants per interface, each a key (``kind`` is rms_norm, layer_norm, add_r
 add_layer_norm): ``<kind>`` keeps the row in registers (short and
 ordinary rows), ``<kind>_shared`` stages it in shared memory (medium rows), ``<kind>_streamed``
 reads it twice (any length), and ``<kind>_scalar`` serves every length and alignment without
-vector accesses. Their boundaries are the ``programs`` module's refusals; where several serve
-a call the order above decides (``preferred_over``), and the scalar one is ``general``.
+vector accesses. Their boundaries are ``programs.refusal`` (measured on an H200); where several
+serve a call the order above decides (``preferred_over``), and the scalar one is ``general``.
 
 Importing this module does not import tilelang; building a kernel does.
 """
@@ -45,7 +45,7 @@ class _TileLangNorm(Kernel):
 
     @classmethod
     def refusal(cls, call: NormCall) -> str | None:
-        return programs.REFUSALS[cls.variant](call.n, call.dtype, call.aligned)
+        return programs.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
 
     @classmethod
     def entry_for(cls, call: NormCall):

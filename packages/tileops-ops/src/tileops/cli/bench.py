@@ -1,0 +1,274 @@
+"""``tileops bench``: the manifest workloads on the current device, against torch.
+
+Method (docs/performance.md): GPU time is measured by capturing ``CALLS`` back-to-back calls
+in one CUDA graph after a warm-up and replaying it; the median over replays, divided by the
+calls, is the time of one call. The same method times torch eager and torch.compile of the
+entry's ``torch_api`` in the same run. Bandwidth is the roofline's bytes over GPU time,
+reported against the device-to-device copy bandwidth measured in the same run. For small
+shapes the host-inclusive call time of eager calls is reported too. L2 is not flushed.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tileops.core.manifest.expressions import evaluate
+from tileops.core.manifest.loader import Workload
+from tileops.ops import FAMILIES
+from tileops.testing import workload_inputs
+
+CALLS = 40
+REPLAYS = 15
+SMALL_SHAPE_BYTES = 4 << 20  # below this, report the host-inclusive call time too
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    workload: str
+    dtype: str
+    shape: str
+    served_by: str
+    ours_us: float
+    eager_us: float | None
+    compile_us: float | None
+    bytes: int
+    ours_call_us: float | None = None
+    eager_call_us: float | None = None
+
+    def tb_per_s(self, us: float | None) -> float | None:
+        return None if not us else self.bytes / (us * 1e-6) / 1e12
+
+
+def gpu_time_us(fn: Callable[[], Any]) -> float:
+    """Median GPU time of one call of ``fn``, by CUDA-graph replay (see the module docstring)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / CALLS)
+    return statistics.median(times)
+
+
+def call_time_us(fn: Callable[[], Any], iterations: int = 300) -> float:
+    """Host-inclusive time of one eager call: a timed loop, synchronised at the end."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        begin = time.perf_counter()
+        for _ in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - begin) / iterations * 1e6)
+    return best
+
+
+def copy_bandwidth_tb_s() -> float:
+    """Device-to-device copy bandwidth: ``y.copy_(x)`` on 1 GiB of bf16, counting the read and
+    the write. Timed with events around a loop of eager copies: a 1 GiB copy dwarfs a launch,
+    and a copy captured in a graph runs as a memcpy node, which is slower than torch's kernel."""
+    x = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        y.copy_(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * x.numel() * x.element_size() / statistics.median(times) / 1e12
+
+
+def torch_baseline(entry, params: dict) -> Callable[..., Any] | None:
+    """The entry's ``torch_api`` as a plain Python function of the inputs (so that
+    torch.compile can trace it), or None where the entry gives none."""
+    if entry.torch_code is None:
+        return None
+    names = [d.name for d in entry.inputs]
+    source = f"lambda {', '.join(names)}: {entry.torch_api}"
+    return eval(source, {"torch": torch, "F": F, **params})  # noqa: S307 - the validated manifest's own text
+
+
+def _roofline_bytes(entry, inputs: dict, outputs: tuple, params: dict) -> int:
+    namespace = {d.name: inputs.get(d.name) for d in entry.inputs}
+    namespace.update({d.name: out for d, out in zip(entry.outputs, outputs)})
+    namespace.update(params)
+    return int(evaluate(entry.roofline["bytes"], namespace))
+
+
+def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_compile: bool) -> Row:
+    entry = op_class.manifest_entry()
+    op = op_class(**workload.params)
+    inputs = workload_inputs(entry, workload, dtype, "cuda")
+    result = op(**inputs)
+    outputs = result if isinstance(result, tuple) else (result,)
+    ours = gpu_time_us(lambda: op(**inputs))
+    eager = compiled_us = None
+    baseline = torch_baseline(entry, op.params)
+    if baseline is not None:
+        arguments = [inputs.get(d.name) for d in entry.inputs]
+
+        def torch_eager():
+            return baseline(*arguments)
+
+        eager = gpu_time_us(torch_eager)
+        if with_compile:
+            torch._dynamo.reset()  # every workload's baseline is a fresh frame: no recompile limit
+            compiled = torch.compile(baseline, dynamic=False)
+            compiled_us = gpu_time_us(lambda: compiled(*arguments))
+    row = Row(
+        op=op_class.__name__,
+        workload=workload.name,
+        dtype=str(dtype).removeprefix("torch."),
+        shape="x".join(str(d) for d in inputs[entry.inputs[0].name].shape),
+        served_by=",".join(sorted({key for key, _ in op.built_kernels()})),
+        ours_us=ours,
+        eager_us=eager,
+        compile_us=compiled_us,
+        bytes=_roofline_bytes(entry, inputs, outputs, op.params),
+    )
+    if row.bytes <= SMALL_SHAPE_BYTES:
+        row.ours_call_us = call_time_us(lambda: op(**inputs))
+        if baseline is not None:
+            row.eager_call_us = call_time_us(torch_eager)
+    return row
+
+
+def _cases(op_names: Iterable[str], workload_names: Iterable[str], dtypes: Iterable[str]):
+    wanted_ops, wanted_workloads, wanted_dtypes = set(op_names), set(workload_names), set(dtypes)
+    for ops in FAMILIES.values():
+        for op_class in ops:
+            if wanted_ops and op_class.__name__ not in wanted_ops:
+                continue
+            for workload in op_class.manifest_entry().workloads:
+                if wanted_workloads and workload.name not in wanted_workloads:
+                    continue
+                for dtype in workload.dtypes:
+                    name = str(dtype).removeprefix("torch.")
+                    if (wanted_dtypes and name in wanted_dtypes) or (not wanted_dtypes and dtype == workload.dtypes[0]):
+                        yield op_class, workload, dtype
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(rows: list[Row], copy_tb_s: float) -> str:
+    header = (
+        f"{'op':<23} {'workload':<19} {'dtype':<8} {'shape':<12} {'ours µs':>8} {'eager µs':>9} "
+        f"{'compile µs':>10} {'TB/s':>5} {'%copy':>5} {'eager/ours':>10} {'compile/ours':>12} "
+        f"{'call µs ours/eager':>18}  served by"
+    )
+    lines = [f"copy bandwidth (1 GiB, same run): {copy_tb_s:.2f} TB/s; GPU time by CUDA-graph replay of {CALLS} calls, median of {REPLAYS}; L2 not flushed", header]
+    for r in rows:
+        bandwidth = r.tb_per_s(r.ours_us)
+        calls = "-" if r.ours_call_us is None else f"{r.ours_call_us:.1f}/{_fmt(r.eager_call_us)}"
+        lines.append(
+            f"{r.op:<23} {r.workload:<19} {r.dtype:<8} {r.shape:<12} {r.ours_us:>8.2f} {_fmt(r.eager_us, '.2f'):>9} "
+            f"{_fmt(r.compile_us, '.2f'):>10} {_fmt(bandwidth, '.2f'):>5} {_fmt(bandwidth and 100 * bandwidth / copy_tb_s, '.0f'):>5} "
+            f"{_fmt(r.eager_us and r.eager_us / r.ours_us, '.2f'):>10} {_fmt(r.compile_us and r.compile_us / r.ours_us, '.2f'):>12} "
+            f"{calls:>18}  {r.served_by}"
+        )
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available():
+        print("tileops bench needs a CUDA device: the benchmarks time GPU kernels by CUDA-graph replay", file=sys.stderr)
+        return 2
+    cases = list(_cases(args.ops, args.workload or (), args.dtype or ()))
+    if not cases:
+        print("no workload matches the selection; `tileops ops` lists the ops", file=sys.stderr)
+        return 2
+    copy_tb_s = copy_bandwidth_tb_s()
+    rows = []
+    for index, (op_class, workload, dtype) in enumerate(cases, 1):
+        print(f"\r[{index}/{len(cases)}] {op_class.__name__} {workload.name} ...".ljust(70), end="", file=sys.stderr, flush=True)
+        rows.append(bench_workload(op_class, workload, dtype, with_compile=not args.no_compile))
+    print(file=sys.stderr)
+    if args.json:
+        print(json.dumps({"copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
+    elif args.csv:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=[f.name for f in dataclasses.fields(Row)])
+        writer.writeheader()
+        writer.writerows(dataclasses.asdict(r) for r in rows)
+        print(buffer.getvalue(), end="")
+    else:
+        print(table(rows, copy_tb_s))
+    if args.png:
+        _chart(rows, args.png)
+    return 0
+
+
+def _chart(rows: list[Row], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--png needs matplotlib (pip install matplotlib); the table above is complete without it", file=sys.stderr)
+        return
+    labels = [f"{r.op.removesuffix('FwdOp')}\n{r.shape}" for r in rows]
+    figure, axis = plt.subplots(figsize=(max(8, len(rows) * 0.6), 4))
+    positions = range(len(rows))
+    for offset, (name, values) in enumerate(
+        [("TileOPs", [r.ours_us for r in rows]), ("torch eager", [r.eager_us for r in rows]), ("torch.compile", [r.compile_us for r in rows])]
+    ):
+        speed = [r.ours_us / v if v else 0 for r, v in zip(rows, values)]
+        axis.bar([p + offset * 0.27 for p in positions], [1 / s if s else 0 for s in speed], width=0.27, label=name)
+    axis.set_xticks([p + 0.27 for p in positions], labels, rotation=90, fontsize=6)
+    axis.set_ylabel("time relative to TileOPs")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("ops", nargs="*", help="op class names (default: every op)")
+    parser.add_argument("--workload", action="append", help="only these manifest workloads (repeatable)")
+    parser.add_argument("--dtype", action="append", help="only these dtypes (default: each workload's first)")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles each workload)")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the results as JSON")
+    output.add_argument("--csv", action="store_true", help="print the results as CSV")
+    parser.add_argument("--png", metavar="PATH", help="also draw a chart of the ratios (needs matplotlib)")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tileops bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))
