@@ -38,16 +38,26 @@ _ALIGNMENT = 16  # bytes; vectorised kernels load 16 bytes per thread
 
 
 def _aligned(*tensors: torch.Tensor | None) -> bool:
-    return all(t is None or t.data_ptr() % _ALIGNMENT == 0 for t in tensors)
+    # A plain loop: this runs on every call, and a generator costs a microsecond here.
+    for tensor in tensors:
+        if tensor is not None and tensor.data_ptr() % _ALIGNMENT:
+            return False
+    return True
+
+
+def _rows(tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """``tensor`` as the (m, n) rows kernels take (no view needed for the common 2-D input)."""
+    return tensor if tensor.dim() == 2 and tensor.shape[1] == n else tensor.view(-1, n)
 
 
 def _flat(tensor: torch.Tensor | None, n: int) -> torch.Tensor | None:
     """A weight or bias of shape normalized_shape as the (n,) vector kernels take."""
-    return None if tensor is None else tensor.view(n)
+    return tensor if tensor is None or tensor.dim() == 1 else tensor.view(n)
 
 
 def _deliver(result: torch.Tensor, shape: torch.Size, out: torch.Tensor | None) -> torch.Tensor:
-    result = result.view(shape)
+    if result.shape != shape:
+        result = result.view(shape)
     if out is None:
         return result
     out.copy_(result)
@@ -91,7 +101,7 @@ class RMSNormFwdOp(_NormOp):
         kernel = self.kernel_for(
             RMSNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False, _aligned(x, weight)
         )
-        y = kernel.forward(x.view(-1, n), _flat(weight, n))
+        y = kernel.forward(_rows(x, n), _flat(weight, n))
         return _deliver(y, x.shape, out)
 
 
@@ -115,7 +125,7 @@ class LayerNormFwdOp(_NormOp):
             LayerNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, bias is not None,
             _aligned(x, weight, bias),
         )
-        y = kernel.forward(x.view(-1, n), _flat(weight, n), _flat(bias, n))
+        y = kernel.forward(_rows(x, n), _flat(weight, n), _flat(bias, n))
         return _deliver(y, x.shape, out)
 
 
@@ -140,7 +150,7 @@ class FusedAddRMSNormFwdOp(_NormOp):
             FusedAddRMSNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False,
             _aligned(x, residual, weight),
         )
-        y, total = kernel.forward(x.view(-1, n), residual.view(-1, n), _flat(weight, n))
+        y, total = kernel.forward(_rows(x, n), _rows(residual, n), _flat(weight, n))
         return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)
 
 
@@ -165,5 +175,5 @@ class FusedAddLayerNormFwdOp(_NormOp):
             FusedAddLayerNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None,
             bias is not None, _aligned(x, residual, weight, bias),
         )
-        y, total = kernel.forward(x.view(-1, n), residual.view(-1, n), _flat(weight, n), _flat(bias, n))
+        y, total = kernel.forward(_rows(x, n), _rows(residual, n), _flat(weight, n), _flat(bias, n))
         return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)
