@@ -37,6 +37,8 @@ class _TileLangNorm(Kernel):
 
     def __init__(self, call: NormCall) -> None:
         super().__init__()
+        self.device = call.device
+        self._device_index = call.device.index
         self._kernel = programs.build(
             self.kind, self.variant, call.n, call.dtype, call.eps,
             has_weight=call.has_weight, has_bias=call.has_bias, target=compile_target(call.device),
@@ -52,15 +54,24 @@ class _TileLangNorm(Kernel):
         identity = (call.device, call.n, call.dtype, call.eps, call.has_weight, call.has_bias)
         return identity, lambda: cls(call)
 
+    def _run(self, *tensors: torch.Tensor) -> None:
+        # TileLang launches in the current device's context and stream: make that this
+        # kernel's device when a call on another GPU than the current one arrives.
+        if torch.cuda.current_device() == self._device_index:
+            self._kernel(*tensors)
+        else:
+            with torch.cuda.device(self._device_index):
+                self._kernel(*tensors)
+
     def _launch(self, x: torch.Tensor, *tensors: Any) -> torch.Tensor:
         y = torch.empty_like(x)
-        self._kernel(x, *[t for t in tensors if t is not None], y)
+        self._run(x, *[t for t in tensors if t is not None], y)
         return y
 
     def _launch_fused(self, x: torch.Tensor, residual: torch.Tensor, *tensors: Any):
         y = torch.empty_like(x)
         total = torch.empty_like(x)
-        self._kernel(x, residual, *[t for t in tensors if t is not None], y, total)
+        self._run(x, residual, *[t for t in tensors if t is not None], y, total)
         return y, total
 
 
