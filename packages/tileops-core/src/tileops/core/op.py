@@ -20,12 +20,12 @@ import torch
 from . import registry
 from .device_facts import DeviceFacts
 from .discovery import load_backends
-from .errors import BackendError, OpNotAvailableError
+from .errors import BackendError
 from .kernel import CallSpec, Kernel, KernelInterface
 from .manifest import BoundCall, OpEntry, Signature, load_manifest
 from .registry import BUILTIN, describe_callable
 from .selection import InterfaceImplementations, Verdict, check_implementations
-from .targets import TensorSpec, check_target_name, choose_target
+from .targets import TensorSpec, bind_target, check_target_name
 from .tracing import define_custom_op, is_tracing, traced_call
 
 class _MissingKernel(Kernel):
@@ -177,18 +177,8 @@ class Op:
         return self._signature.check_result(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
 
     def _bind_and_run(self, call: BoundCall) -> Any:
-        name = type(self).__name__
-        target, reason = choose_target(name, self._requested_target, call.device)
-        if target != BUILTIN and registry.builder(name, target) is None:
-            serving = registry.targets_with_builder(name)
-            if any(impls.classes for impls in self._implementations.values()):
-                raise OpNotAvailableError(
-                    f"{name}: target {target!r} is bound ({reason}) but registers no kernel builder for "
-                    f"{name}, and the op does not fall back to its in-tree implementations. Targets that "
-                    f"serve {name}: {', '.join(serving) or 'none'}; or pass target={BUILTIN!r} to use the "
-                    "in-tree implementations"
-                )
-            target = BUILTIN
+        has_own_kernels = any(impls.classes for impls in self._implementations.values())
+        target, reason = bind_target(type(self).__name__, self._requested_target, call.device, has_own_kernels=has_own_kernels)
         self._target, self.target_reason = target, reason
         try:
             return self._run(target, call)

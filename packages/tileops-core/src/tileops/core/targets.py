@@ -15,7 +15,7 @@ import torch
 
 from . import registry
 from .discovery import load_backends
-from .errors import AmbiguousTargetError, BackendError, UnknownTargetError
+from .errors import AmbiguousTargetError, BackendError, OpNotAvailableError, UnknownTargetError
 from .registry import BUILTIN, describe_callable
 
 _default: dict[str, str | None] = {"target": None}
@@ -99,3 +99,20 @@ def choose_target(op: str, chosen_at_construction: str | None, device: torch.dev
             f"target=... when constructing the op, or call tileops.backend.set_default_target(...)"
         )
     return claims[0], f"the detector of target {claims[0]!r} claims {device}"
+
+
+def bind_target(op: str, chosen_at_construction: str | None, device: torch.device, *, has_own_kernels: bool) -> tuple[str, str]:
+    """What a call of an ``op`` instance on ``device`` binds, and why: ``choose_target``, then
+    the rule for a target without a builder for ``op`` — ``OpNotAvailableError`` when the op
+    holds kernels of its own (never a fall back), else the op's own forward (``BUILTIN``)."""
+    target, reason = choose_target(op, chosen_at_construction, device)
+    if target == BUILTIN or registry.builder(op, target) is not None:
+        return target, reason
+    if has_own_kernels:
+        serving = registry.targets_with_builder(op)
+        raise OpNotAvailableError(
+            f"{op}: target {target!r} is bound ({reason}) but registers no kernel builder for {op}, "
+            f"and the op does not fall back to its in-tree implementations. Targets that serve {op}: "
+            f"{', '.join(serving) or 'none'}; or pass target={BUILTIN!r} to use the in-tree implementations"
+        )
+    return BUILTIN, f"{reason}; target {target!r} has no builder for {op}, which has no kernels to fall back from"

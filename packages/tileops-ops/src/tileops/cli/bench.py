@@ -10,6 +10,7 @@ shapes the host-inclusive call time of eager calls is reported too. L2 is not fl
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import io
@@ -255,6 +256,17 @@ def _chart(rows: list[Row], path: str) -> None:
     figure.savefig(path, dpi=120)
 
 
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="time the manifest workloads on this GPU against torch eager and torch.compile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("ops", nargs="*", help="op class names (default: every op)")
     parser.add_argument("--workload", action="append", help="only these manifest workloads (repeatable)")
@@ -267,8 +279,6 @@ def add_arguments(parser) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-
     parser = argparse.ArgumentParser(prog="tileops bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))

@@ -66,14 +66,16 @@ def _load(path: Any) -> tuple[dict[str, OpEntry], str | None]:
 
 
 def check_files(paths: Iterable[Any], *, against_op_classes: bool) -> dict[str, Any]:
-    checked_files, ops, entries = [], [], {}
+    checked_files: list[dict[str, Any]] = []
+    declared: list[OpEntry] = []
     for path in paths:
         file_entries, error = _load(path)
         checked_files.append({"file": str(path), "ops": sorted(file_entries), "error": error})
-        ops.extend(_op_result(name, entry.family, entry.source, []) for name, entry in file_entries.items())
-        entries.update(file_entries)
+        declared.extend(file_entries.values())
     if against_op_classes:
-        ops = _check_op_classes(entries)
+        ops = _check_op_classes(declared)
+    else:
+        ops = [_op_result(entry.name, entry.family, entry.source, []) for entry in declared]
     return {
         "ok": not any(f["error"] for f in checked_files) and not any(op["problems"] for op in ops),
         "files": checked_files,
@@ -85,7 +87,7 @@ def _op_result(op: str, family: str, file: str, problems: list[str]) -> dict[str
     return {"op": op, "family": family, "file": file, "problems": problems}
 
 
-def _check_op_classes(entries: dict[str, OpEntry]) -> list[dict[str, Any]]:
+def _check_op_classes(declared: list[OpEntry]) -> list[dict[str, Any]]:
     ops = [
         _op_result(op_class.__name__, family, str(op_class.manifest_file), _problems(op_class, family))
         for family, op_classes in FAMILIES.items()
@@ -94,13 +96,13 @@ def _check_op_classes(entries: dict[str, OpEntry]) -> list[dict[str, Any]]:
     implemented = {op["op"] for op in ops}
     ops.extend(
         _op_result(
-            name,
+            entry.name,
             entry.family,
             entry.source,
-            [f"{entry.source} declares {name}, but tileops.ops.FAMILIES lists no op class of that name"],
+            [f"{entry.source} declares {entry.name}, but tileops.ops.FAMILIES lists no op class of that name"],
         )
-        for name, entry in entries.items()
-        if name not in implemented
+        for entry in declared
+        if entry.name not in implemented
     )
     return ops
 

@@ -33,30 +33,33 @@ def describe_backends() -> dict[str, Any]:
     backends = loaded_backends()
     # By backend name; None collects what code outside any backend registered.
     registrations: dict[str | None, dict[str, list]] = {
-        name: {"detectors": [], "kernel_builders": [], "kernel_types": []} for name in [*(b.name for b in backends), None]
+        name: {"detectors": [], "kernel_builders": [], "kernel_types": []}
+        for name in [*(b.name for b in backends), None]
     }
+
+    def record(kind: str, registrant: str, described: dict[str, Any]) -> None:
+        registrations[_registrant_backend(registrant, backends)][kind].append({**described, "module": registrant})
+
     for target, registration in sorted(registry.detectors().items()):
-        registrations[_registrant_backend(registration.module, backends)]["detectors"].append(
-            {"target": target, "detector": describe_callable(registration.value), "module": registration.module}
-        )
+        record("detectors", registration.module, {"target": target, "detector": describe_callable(registration.value)})
     for (op, target), registration in sorted(registry.all_builders().items()):
-        registrations[_registrant_backend(registration.module, backends)]["kernel_builders"].append(
-            {"op": op, "target": target, "builder": describe_callable(registration.value), "module": registration.module}
+        record(
+            "kernel_builders",
+            registration.module,
+            {"op": op, "target": target, "builder": describe_callable(registration.value)},
         )
     for op, keys in sorted(registry.all_kernel_types().items()):
         for key, registration in sorted(keys.items()):
             kernel_type = registration.value
-            registrations[_registrant_backend(registration.module, backends)]["kernel_types"].append(
-                {
-                    "op": op,
-                    "key": key,
-                    "class": f"{kernel_type.__module__}.{kernel_type.__qualname__}",
-                    "module": registration.module,
-                }
+            record(
+                "kernel_types",
+                registration.module,
+                {"op": op, "key": key, "class": f"{kernel_type.__module__}.{kernel_type.__qualname__}"},
             )
     return {
         "backends": [
-            {"name": b.name, "value": b.value, "distribution": b.distribution, **registrations[b.name]} for b in backends
+            {"name": b.name, "value": b.value, "distribution": b.distribution, **registrations[b.name]}
+            for b in backends
         ],
         "registered_elsewhere": registrations[None],
         "load_failures": [
@@ -101,7 +104,8 @@ def _text(described: dict[str, Any], *, verbose: bool) -> list[str]:
     if not described["backends"]:
         lines.append(f"no backends are installed (entry point group {ENTRY_POINT_GROUP!r})")
     for backend in described["backends"]:
-        lines.append(f"{backend['name']} = {backend['value']}  (distribution {backend['distribution'] or 'unknown'})")
+        distribution = backend["distribution"] or "unknown"
+        lines.append(f"{backend['name']} = {backend['value']}  (distribution {distribution})")
         lines.extend(_registration_lines(backend))
     elsewhere = described["registered_elsewhere"]
     if any(elsewhere.values()):
@@ -122,7 +126,8 @@ def _text(described: dict[str, Any], *, verbose: bool) -> list[str]:
 def _registration_lines(registrations: dict[str, list]) -> list[str]:
     rows = [["detector", f"target {d['target']}", d["detector"]] for d in registrations["detectors"]]
     rows += [
-        ["kernel builder", f"{b['op']} on target {b['target']}", b["builder"]] for b in registrations["kernel_builders"]
+        ["kernel builder", f"{b['op']} on target {b['target']}", b["builder"]]
+        for b in registrations["kernel_builders"]
     ]
     rows += [["kernel type", f"{t['op']} key {t['key']}", t["class"]] for t in registrations["kernel_types"]]
     return columns(rows) or ["  (registered nothing)"]

@@ -38,20 +38,21 @@ def describe_ops() -> list[dict[str, Any]]:
 
 def describe_op(op_class: type[Op], family: str) -> dict[str, Any]:
     name = op_class.__name__
-    entry = op_class.manifest_entry()
     described: dict[str, Any] = {
         "op": name,
         "family": family,
-        "summary": entry.summary,
+        "summary": None,
         "targets": registered_targets(name),
         "interfaces": [],
         "error": None,
     }
     try:
+        entry = op_class.manifest_entry()
+        described["summary"] = entry.summary
         # Construction is where the op checks and groups its implementations; any valid params
         # do, and the manifest's first workload has some.
         op = op_class(**entry.workloads[0].params)
-    except TileOpsError as error:
+    except TileOpsError as error:  # a manifest that does not load, or a broken registration
         described["error"] = f"{type(error).__name__}: {error}"
         return described
     registered = registry.kernel_types(name)
@@ -112,24 +113,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _text(op: dict[str, Any]) -> list[str]:
-    lines = [f"{op['op']} (family {op['family']}): {op['summary']}"]
+    lines = [f"{op['op']} (family {op['family']})" + (f": {op['summary']}" if op["summary"] else "")]
     lines.append(f"  targets with a kernel builder: {', '.join(op['targets']) or 'none'}")
     if op["error"]:
         lines.append(f"  cannot be constructed: {op['error']}")
     for interface in op["interfaces"]:
         lines.append(f"  {interface['interface']}:")
-        rows = []
-        for impl in interface["implementations"]:
-            origin = impl["origin"] if impl["registered_by"] is None else f"registered by {impl['registered_by']}"
-            rows.append(
-                [
-                    impl["key"],
-                    _source(impl),
-                    ", ".join(impl["devices"]) or "-",
-                    origin,
-                    impl["class"],
-                ]
-            )
+        rows = [
+            [impl["key"], _source(impl), ", ".join(impl["devices"]) or "-", _origin(impl), impl["class"]]
+            for impl in interface["implementations"]
+        ]
         lines.extend(columns(rows, indent="    "))
         lines.extend(
             f"    {impl['key']} is not installed: {impl['missing_because']}"
@@ -137,6 +130,10 @@ def _text(op: dict[str, Any]) -> list[str]:
             if not impl["installed"]
         )
     return lines
+
+
+def _origin(impl: dict[str, Any]) -> str:
+    return impl["origin"] if impl["registered_by"] is None else f"registered by {impl['registered_by']}"
 
 
 def _source(impl: dict[str, Any]) -> str:

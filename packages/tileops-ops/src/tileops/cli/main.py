@@ -1,4 +1,9 @@
-"""Argument parsing and the subcommands of the ``tileops`` command."""
+"""Argument parsing for the ``tileops`` command, and its ``demo`` subcommand.
+
+Each other subcommand lives in its own module, which adds its parser (``register``) and
+handles it: ``ops`` (list_ops), ``backends`` (list_backends), ``explain``, ``check`` and
+``bench``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ import sys
 from collections.abc import Sequence
 
 import torch
+
+from . import bench, check, explain, list_backends, list_ops
+from .output import UsageError
 
 
 def _version() -> str:
@@ -58,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run every op once and print what served each call")
     demo.add_argument("--device", help="device to run on (default: cuda if present, else cpu)")
     demo.set_defaults(handler=_demo)
+    for command in (list_ops, list_backends, explain, check, bench):
+        command.register(commands)
     return parser
 
 
@@ -67,7 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"tileops {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,299 @@
+"""``tileops explain``: what an op would do with a call, and why, without running anything.
+
+It builds the op, checks the described call against the op's signature (on meta tensors, so
+no memory is touched), says which target would bind on the call's device and why, and gives
+every implementation's verdict for each kernel interface: the selection a call runs, in the
+text its dispatch errors use. No GPU is needed: ``--arch`` states the device's facts instead
+of reading them. What is specific to an op family lives in ``family_calls``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tileops.core import registry
+from tileops.core.device_facts import DeviceFacts, facts_for
+from tileops.core.errors import BackendError, KernelSelectionError, TileOpsError
+from tileops.core.kernel import CallSpec, KernelInterface
+from tileops.core.manifest import OpEntry
+from tileops.core.manifest.loader import DTYPES
+from tileops.core.op import Op
+from tileops.core.registry import BUILTIN, describe_callable
+from tileops.core.targets import bind_target, check_target_name
+from tileops.ops import FAMILIES
+
+from .family_calls import FAMILY_CALLS, DescribedCall, Shape
+from .output import UsageError, print_json
+
+#: The optional inputs the command line can leave out, by input name.
+_OPTIONAL_INPUT_FLAGS = ("weight", "bias")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "explain",
+        help="say which target and implementation would serve a call, and why",
+        description=(
+            "Describe a call of OP (shape, dtype, device, which optional inputs it passes) and say "
+            "which target would bind and why, then every implementation's verdict for each "
+            "kernel interface (unavailable, refused, beaten or selected) with its reason. Nothing "
+            "is run and no GPU is needed: --arch states the device's architecture."
+        ),
+        epilog="Exit status: 0 when the call would be served, 1 when it would raise, 2 for a bad command line.",
+    )
+    parser.add_argument("op", metavar="OP", help="the op's class name, e.g. RMSNormFwdOp")
+    parser.add_argument("--shape", required=True, type=_shape, help="shape of the op's first input, e.g. 8,4096")
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=list(DTYPES), help="dtype of the inputs (default: bfloat16)"
+    )
+    parser.add_argument(
+        "--device",
+        type=_device,
+        help="the call's device (default: cuda when --arch is given or a GPU is present, else cpu)",
+    )
+    parser.add_argument(
+        "--arch",
+        type=int,
+        help="state the device's architecture instead of reading it (on CUDA major*10+minor, e.g. 90), "
+        "to explain a device this machine does not have",
+    )
+    parser.add_argument("--target", help="explain as if the op were constructed with target=TARGET")
+    parser.add_argument(
+        "--normalized-shape",
+        type=_shape,
+        help="norm ops: the dimensions to normalize over (default: the last one of --shape)",
+    )
+    parser.add_argument("--eps", type=float, help="norm ops: eps (default: the op's default)")
+    for name in _OPTIONAL_INPUT_FLAGS:
+        parser.add_argument(
+            f"--{name}",
+            action=argparse.BooleanOptionalAction,
+            help=f"pass the optional input {name} or not (default: pass it)",
+        )
+    parser.add_argument(
+        "--misaligned", action="store_true", help="the tensors' data pointers are not 16-byte aligned"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(handler=run)
+
+
+def _shape(text: str) -> Shape:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes such as 8,4096, got {text!r}") from None
+    if any(size < 0 for size in shape):
+        raise argparse.ArgumentTypeError(f"sizes cannot be negative: {text!r}")
+    return shape
+
+
+def _device(text: str) -> torch.device:
+    try:
+        return torch.device(text)
+    except RuntimeError as error:  # torch names the device types it knows
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    report = explain(args)
+    if args.json:
+        print_json(report)
+    else:
+        print("\n".join(_text(report)))
+    return 0 if report["served"] else 1
+
+
+def explain(args: argparse.Namespace) -> dict[str, Any]:
+    op_class = _op_class(args.op)
+    entry = op_class.manifest_entry()
+    family_calls = FAMILY_CALLS.get(entry.family)
+    if family_calls is None:
+        raise UsageError(
+            f"explain cannot describe calls of the {entry.family!r} family yet (see tileops/cli/family_calls.py)"
+        )
+    device = args.device or torch.device("cuda" if args.arch is not None or torch.cuda.is_available() else "cpu")
+    passed = _passed_inputs(entry, args)
+    call = DescribedCall(device, DTYPES[args.dtype], args.shape, passed, aligned=not args.misaligned)
+    report: dict[str, Any] = {
+        "op": entry.name,
+        "family": entry.family,
+        "params": None,
+        "call": {"device": str(device), "dtype": args.dtype, "inputs": None, "aligned": call.aligned},
+        "rejected": None,
+        "writes_nothing": False,
+        "device_facts": None,
+        "target": None,
+        "interfaces": [],
+        "served": False,
+    }
+    try:
+        op = op_class(**family_calls.params(call.shape, args))
+        report["params"] = op.params
+        shapes = family_calls.input_shapes(op, call)
+        report["call"]["inputs"] = shapes
+        # The call's own checks, on meta tensors: the same errors as a call, for any size, free.
+        inputs = {name: torch.empty(shape, dtype=call.dtype, device="meta") for name, shape in shapes.items()}
+        bound = op_class.signature().bind(op.params, (), inputs)
+    except TileOpsError as error:
+        report["rejected"] = f"{type(error).__name__}: {error}"
+        return report
+    if op_class.signature().writes_nothing(bound):
+        report["writes_nothing"] = report["served"] = True
+        return report
+
+    facts, facts_note = _device_facts(device, args.arch)
+    report["device_facts"] = {"facts": None if facts is None else dataclasses.asdict(facts), "note": facts_note}
+    report["target"] = _target(op, args.target, device)
+    report["interfaces"] = [
+        _interface_verdicts(op, interface, family_calls.call_spec(op, interface, call), lambda _call: facts)
+        for interface in op.implementations()
+    ]
+    target = report["target"]
+    # A target other than builtin serves the whole call through its kernel builder.
+    report["served"] = target["error"] is None and (
+        target["name"] != BUILTIN or all(interface["selected"] for interface in report["interfaces"])
+    )
+    return report
+
+
+def _op_class(name: str) -> type[Op]:
+    op_classes = {op_class.__name__: op_class for ops in FAMILIES.values() for op_class in ops}
+    if name not in op_classes:
+        raise UsageError(f"no op is named {name!r}; the ops are {', '.join(op_classes)}")
+    return op_classes[name]
+
+
+def _passed_inputs(entry: OpEntry, args: argparse.Namespace) -> frozenset[str]:
+    optional = {t.name for t in entry.inputs if t.optional}
+    omitted = set()
+    for name in _OPTIONAL_INPUT_FLAGS:
+        flag = getattr(args, name)
+        if flag is not None and name not in optional:
+            raise UsageError(
+                f"{entry.name} has no optional input {name!r} "
+                f"(its optional inputs: {', '.join(sorted(optional)) or 'none'})"
+            )
+        if flag is False:
+            omitted.add(name)
+    return frozenset(t.name for t in entry.inputs if t.name not in omitted)
+
+
+def _device_facts(device: torch.device, arch: int | None) -> tuple[DeviceFacts | None, str]:
+    """The facts selection reads for ``device``, or None when unknown; and where they come from."""
+    if arch is not None:
+        return DeviceFacts(device.type, arch=arch), f"stated by --arch: {device.type} architecture {arch}"
+    present = torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
+    if device.type == "cuda" and not present:
+        return None, (
+            f"unknown: {device} is not present on this machine, so implementations that declare "
+            "supported_archs are unavailable below. Pass --arch (e.g. --arch 90 for Hopper) to explain "
+            "the call as if on such a device"
+        )
+    try:
+        facts = facts_for(device)
+    except Exception as error:  # a backend's facts reader may need its device present
+        return None, f"unknown: reading them raised {type(error).__name__}: {error}. Pass --arch to state them"
+    if facts is None:
+        return None, (
+            f"unknown: no device facts are registered for device type {device.type!r}. Pass --arch to state them"
+        )
+    known = ", ".join(
+        f"{name} {value}"
+        for name, value in dataclasses.asdict(facts).items()
+        if name != "device_type" and value not in (None, "")
+    )
+    return facts, f"read from {device}: {known}"
+
+
+def _target(op: Op, requested: str | None, device: torch.device) -> dict[str, Any]:
+    """The target a call on ``device`` binds, and why; or the error the call raises instead."""
+    op_name = type(op).__name__
+    has_own_kernels = any(impls.classes for impls in op.implementations().values())
+    try:
+        chosen = None if requested is None else check_target_name(requested, "--target")
+        target, reason = bind_target(op_name, chosen, device, has_own_kernels=has_own_kernels)
+    except BackendError as error:
+        return {"name": None, "reason": None, "builder": None, "error": f"{type(error).__name__}: {error}"}
+    builder = registry.builder(op_name, target)
+    return {
+        "name": target,
+        "reason": reason,
+        "builder": None if builder is None else describe_callable(builder.value),
+        "error": None,
+    }
+
+
+def _interface_verdicts(
+    op: Op,
+    interface: type[KernelInterface],
+    call_spec: CallSpec,
+    facts_source: Callable[[CallSpec], DeviceFacts | None],
+) -> dict[str, Any]:
+    implementations = op.implementations()[interface]
+    try:
+        selected, error = implementations.select(call_spec, facts_source), None
+    except KernelSelectionError as raised:
+        selected, error = None, f"KernelSelectionError: {raised}"
+    return {
+        "interface": interface.__name__,
+        "call_spec": repr(call_spec),
+        "selected": selected,
+        "error": error,
+        "verdicts": [
+            {"key": v.key, "outcome": v.outcome, "reason": v.reason, "text": str(v)}
+            for v in implementations.verdicts(call_spec, facts_source)
+        ],
+    }
+
+
+def _text(report: dict[str, Any]) -> list[str]:
+    params = report["params"]
+    shown = ", ".join(f"{name}={value!r}" for name, value in params.items()) if params is not None else "..."
+    lines = [f"{report['op']}({shown})"]
+    call = report["call"]
+    inputs = ", ".join(f"{name} {tuple(shape)}" for name, shape in (call["inputs"] or {}).items())
+    alignment = "" if call["aligned"] else ", misaligned"
+    lines.append(f"call:         {inputs or '-'}; {call['dtype']} on {call['device']}{alignment}")
+    if report["rejected"]:
+        lines.append(f"result:       the call raises {report['rejected']}")
+        return lines
+    if report["writes_nothing"]:
+        lines.append(
+            "result:       the call writes only empty tensors: it returns at once, no target binds and nothing runs"
+        )
+        return lines
+    lines.append(f"device facts: {report['device_facts']['note']}")
+    target = report["target"]
+    if target["error"] is not None:
+        lines.append(f"target:       {target['error']}")
+    else:
+        lines.append(f"target:       {target['name']} ({target['reason']})")
+    if target["builder"] is not None:
+        lines.append(
+            f"              its kernel builder {target['builder']} serves every call; the implementations "
+            "below serve only with --target builtin"
+        )
+    for interface in report["interfaces"]:
+        lines.append("")
+        if interface["selected"] is not None:
+            lines.append(f"{interface['interface']}: {interface['selected']} serves {interface['call_spec']}")
+            lines.extend(f"  - {v['text']}" for v in interface["verdicts"])
+        else:
+            # The selection error lists every verdict itself, as a failing call shows it.
+            lines.append(interface["error"])
+    lines.append("")
+    if target["error"] is not None:
+        lines.append("result:       the call raises the target's error above")
+    elif target["name"] != BUILTIN:
+        lines.append(f"result:       served by target {target['name']}")
+    elif report["served"]:
+        served = ", ".join(f"{i['interface']} by {i['selected']}" for i in report["interfaces"])
+        lines.append(f"result:       served in-tree: {served}")
+    else:
+        lines.append("result:       the call raises KernelSelectionError (above)")
+    return lines

@@ -1,0 +1,397 @@
+"""The ``tileops`` command: ops, backends, explain, check and demo, through ``main`` and once
+through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tileops.backend import DeviceFacts, Kernel, register_detector, register_kernel_type
+from tileops.cli import check, list_ops, main
+from tileops.core import discovery
+from tileops.ops import RMSNormFwdOp
+from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
+
+NORM_OPS = ["RMSNormFwdOp", "LayerNormFwdOp", "FusedAddRMSNormFwdOp", "FusedAddLayerNormFwdOp"]
+EXPLAIN_HOPPER = ["explain", "RMSNormFwdOp", "--device", "cuda", "--arch", "90", "--dtype", "bfloat16"]
+EXPLAIN_CPU = ["explain", "RMSNormFwdOp", "--shape", "8,4096", "--device", "cpu"]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def run_json(capsys, *argv: str):
+    code = main([*argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", ["demo", "ops", "backends", "explain", "check"])
+def test_every_subcommand_has_help(capsys, command):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    assert f"usage: tileops {command}" in capsys.readouterr().out
+
+
+def test_the_help_lists_the_subcommands(capsys):
+    code, out = run_cli(capsys)
+    assert code == 0
+    for command in ("demo", "ops", "backends", "explain", "check"):
+        assert command in out
+
+
+# -- ops ------------------------------------------------------------------------------------------
+def test_ops_lists_interfaces_keys_distributions_and_targets(capsys):
+    code, out = run_cli(capsys, "ops")
+    assert code == 0
+    assert "RMSNormFwdOp (family norm)" in out
+    assert "targets with a kernel builder: acme" in out
+    rms_norm = next(line for line in out.splitlines() if line.strip().startswith("rms_norm "))
+    assert "tileops-kernels-cuda" in rms_norm and "in-tree" in rms_norm
+    assert "tileops.kernels.cuda.norm.RMSNormKernel" in rms_norm
+    short_rows = next(line for line in out.splitlines() if line.strip().startswith("acme_short_rows"))
+    assert "tileops-acme-template" in short_rows and "registered by tileops_acme.short_rows" in short_rows
+
+
+def test_ops_json_gives_each_keys_origin_distribution_and_installation(capsys):
+    code, ops = run_json(capsys, "ops")
+    assert code == 0
+    assert [op["op"] for op in ops] == NORM_OPS
+    rms = ops[0]
+    assert rms["family"] == "norm" and rms["targets"] == ["acme"] and rms["error"] is None
+    (interface,) = rms["interfaces"]
+    assert interface["interface"] == "RMSNormFwdInterface"
+    keys = {impl["key"]: impl for impl in interface["implementations"]}
+    assert set(keys) == {
+        "acme_short_rows", "rms_norm", "rms_norm_scalar", "rms_norm_shared", "rms_norm_streamed", "torch_cpu"
+    }
+    assert keys["rms_norm"]["distribution"] == "tileops-kernels-cuda" and keys["rms_norm"]["installed"]
+    assert keys["torch_cpu"]["distribution"] == "tileops-ops" and keys["torch_cpu"]["devices"] == ["cpu"]
+    assert keys["acme_short_rows"]["origin"] == "registered"
+    assert keys["acme_short_rows"]["distribution"] == "tileops-acme-template"
+    assert keys["rms_norm_scalar"]["general"] is True
+
+
+def _rms_norm_op_with(**attributes) -> type:
+    """A stand-in for RMSNormFwdOp (its manifest entry is found by class name) with other
+    declarations; it defines no torch custom op, which the real class already owns."""
+    return type("RMSNormFwdOp", (RMSNormFwdOp,), {"_custom_op": None, **attributes})
+
+
+def test_ops_says_which_in_tree_keys_are_not_installed_and_how_to_install_them(capsys, monkeypatch):
+    ghost = _rms_norm_op_with(
+        in_tree_kernels={
+            RMSNormFwdInterface: {
+                **RMSNormFwdOp.in_tree_kernels[RMSNormFwdInterface],
+                "ghost": "tileops.kernels.ghost.norm:GhostKernel",
+            }
+        }
+    )
+    monkeypatch.setattr(list_ops, "FAMILIES", {"norm": (ghost,)})
+    code, out = run_cli(capsys, "ops")
+    assert code == 0
+    assert (
+        "ghost is not installed: tileops.kernels.ghost.norm is not installed; pip install tileops-kernels-ghost"
+    ) in out
+    _, ops = run_json(capsys, "ops")
+    keys = {impl["key"]: impl for impl in ops[0]["interfaces"][0]["implementations"]}
+    assert keys["ghost"]["installed"] is False and keys["ghost"]["distribution"] is None
+    assert keys["ghost"]["class"] == "tileops.kernels.ghost.norm.GhostKernel"
+    assert keys["torch_cpu"]["installed"] is True
+
+
+# -- backends -------------------------------------------------------------------------------------
+def test_backends_lists_the_template_and_what_it_registered(capsys):
+    code, out = run_cli(capsys, "backends")
+    assert code == 0
+    assert "acme = tileops_acme  (distribution tileops-acme-template)" in out
+    assert "tileops_acme.detect.claims" in out
+    assert "RMSNormFwdOp on target acme" in out and "tileops_acme.builders.build_rms_norm" in out
+    assert "RMSNormFwdOp key acme_short_rows" in out and "tileops_acme.short_rows.AcmeShortRowRMSNorm" in out
+    assert "load failures: none" in out
+
+
+def test_backends_json_groups_registrations_by_backend(capsys):
+    code, described = run_json(capsys, "backends")
+    assert code == 0
+    (acme,) = described["backends"]
+    assert (acme["name"], acme["value"], acme["distribution"]) == ("acme", "tileops_acme", "tileops-acme-template")
+    assert [d["target"] for d in acme["detectors"]] == ["acme"]
+    assert {b["op"] for b in acme["kernel_builders"]} == {
+        "RMSNormFwdOp", "LayerNormFwdOp", "FusedAddRMSNormFwdOp", "FusedAddLayerNormFwdOp"
+    }
+    assert [(t["op"], t["key"]) for t in acme["kernel_types"]] == [("RMSNormFwdOp", "acme_short_rows")]
+    assert described["load_failures"] == []
+
+
+def test_backends_lists_registrations_made_outside_any_backend(capsys, scoped_registry):
+    register_detector(target="probe", detect=lambda device: False)
+    code, out = run_cli(capsys, "backends")
+    assert code == 0
+    assert "registered by code outside any backend:" in out
+    assert "target probe" in out.split("registered by code outside any backend:")[1]
+
+
+class _FakeEntryPoint:
+    name, value, dist = "fake", "fake_backend", None
+
+    @staticmethod
+    def load():
+        raise ImportError("missing driver")
+
+
+@pytest.fixture
+def failed_backend(monkeypatch):
+    """A backend whose import failed, recorded as discovery records it, and forgotten after."""
+    monkeypatch.setattr(discovery, "_failures", list(discovery.load_failures()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        discovery._load_one(_FakeEntryPoint())
+
+
+def test_backends_reports_each_load_failure_and_its_traceback_when_verbose(capsys, failed_backend):
+    code, out = run_cli(capsys, "backends")
+    assert code == 1
+    assert "load failures: 1" in out
+    assert "fake = fake_backend: ImportError: missing driver" in out
+    assert "Traceback" not in out
+    _, out = run_cli(capsys, "backends", "--verbose")
+    assert "Traceback (most recent call last)" in out
+    _, described = run_json(capsys, "backends")
+    (failure,) = described["load_failures"]
+    assert failure["error"] == "ImportError: missing driver" and "missing driver" in failure["traceback"]
+
+
+# -- explain --------------------------------------------------------------------------------------
+def test_explain_on_hopper_selects_the_register_kernel_on_the_builtin_target(capsys):
+    code, out = run_cli(capsys, *EXPLAIN_HOPPER, "--shape", "8,4096")
+    assert code == 0
+    assert "device facts: stated by --arch: cuda architecture 90" in out
+    assert "target:       builtin (no target's detector claims cuda" in out
+    assert "  - rms_norm: selected" in out
+    assert "  - rms_norm_shared: beaten (beaten by rms_norm)" in out
+    assert "  - torch_cpu: unavailable (runs on cpu, not cuda)" in out
+    assert "  - acme_short_rows: refused (serves rows of at most 256 elements" in out
+
+
+def test_explain_of_rows_that_are_not_16_byte_multiples_selects_the_scalar_kernel(capsys):
+    code, out = run_cli(capsys, *EXPLAIN_HOPPER, "--shape", "8,4095")
+    assert code == 0
+    refused = next(line for line in out.splitlines() if line.startswith("  - rms_norm: "))
+    assert refused.startswith("  - rms_norm: refused (")
+    assert "8190 bytes, not a multiple of 16" in refused
+    assert "  - rms_norm_scalar: selected" in out
+
+
+def test_explain_json_parses_and_gives_every_verdict(capsys):
+    code, report = run_json(capsys, *EXPLAIN_HOPPER, "--shape", "8,4095", "--no-weight")
+    assert code == 0 and report["served"] is True
+    assert report["target"] == {
+        "name": "builtin",
+        "reason": "no target's detector claims cuda, so the in-tree implementations serve it",
+        "builder": None,
+        "error": None,
+    }
+    assert report["call"]["inputs"] == {"x": [8, 4095]}
+    (interface,) = report["interfaces"]
+    assert interface["selected"] == "rms_norm_scalar"
+    assert "has_weight=False" in interface["call_spec"] and "eps=0.0078125" in interface["call_spec"]
+    outcomes = {v["key"]: v["outcome"] for v in interface["verdicts"]}
+    assert outcomes["rms_norm"] == "refused" and outcomes["torch_cpu"] == "unavailable"
+
+
+def test_explain_uses_the_same_verdict_text_as_a_failing_call(capsys):
+    op = RMSNormFwdOp(4095)
+    eps = torch.finfo(torch.bfloat16).eps
+    call = RMSNormCall(torch.device("cuda"), 4095, torch.bfloat16, eps, True, False, True)
+    implementations = op.implementations()[RMSNormFwdInterface]
+    expected = [str(v) for v in implementations.verdicts(call, lambda _call: DeviceFacts("cuda", arch=90))]
+    _, out = run_cli(capsys, *EXPLAIN_HOPPER, "--shape", "8,4095")
+    for text in expected:
+        assert f"  - {text}" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+def test_explain_on_an_absent_cuda_device_says_the_facts_are_unknown_and_suggests_arch(capsys):
+    code, out = run_cli(capsys, "explain", "RMSNormFwdOp", "--shape", "8,4096", "--device", "cuda")
+    assert code == 0
+    assert "device facts: unknown: cuda is not present on this machine" in out
+    assert "Pass --arch" in out
+
+
+class _HopperRMSNorm(Kernel, RMSNormFwdInterface):
+    """An added implementation that runs on Hopper only and beats the in-tree kernels there."""
+
+    supported_archs = frozenset({90})
+    preferred_over = frozenset({"rms_norm"})
+
+    @classmethod
+    def entry_for(cls, call):
+        return call.n, cls
+
+    def forward(self, x, weight):
+        return F.rms_norm(x, x.shape[-1:], weight)
+
+
+def test_explain_checks_supported_archs_against_the_stated_facts(capsys, scoped_registry):
+    register_kernel_type("RMSNormFwdOp", "hopper_only", _HopperRMSNorm)
+    shape = ["--shape", "8,4096", "--device", "cuda"]
+    code, out = run_cli(capsys, "explain", "RMSNormFwdOp", *shape, "--arch", "90")
+    assert code == 0
+    assert "  - hopper_only: selected" in out and "  - rms_norm: beaten (beaten by hopper_only)" in out
+    code, out = run_cli(capsys, "explain", "RMSNormFwdOp", *shape, "--arch", "80")
+    assert code == 0
+    assert "  - hopper_only: unavailable (needs architecture 90, cuda is 80)" in out
+    assert "  - rms_norm: selected" in out
+    if not torch.cuda.is_available():
+        _, out = run_cli(capsys, "explain", "RMSNormFwdOp", *shape)
+        assert "  - hopper_only: unavailable (the facts of cuda are unknown)" in out
+
+
+def test_explain_with_a_named_target_says_its_builder_serves_the_call(capsys):
+    code, out = run_cli(capsys, *EXPLAIN_CPU, "--target", "acme")
+    assert code == 0
+    assert "target:       acme (target='acme' was given when the op was constructed)" in out
+    assert "its kernel builder tileops_acme.builders.build_rms_norm serves every call" in out
+    assert "result:       served by target acme" in out
+
+
+def test_explain_prints_target_errors_as_the_verdict(capsys, scoped_registry):
+    code, out = run_cli(capsys, *EXPLAIN_CPU, "--target", "nope")
+    assert code == 1
+    assert "target:       UnknownTargetError: --target: no backend registered target 'nope'" in out
+    register_detector(target="everywhere", detect=lambda device: True)
+    register_detector(target="anywhere", detect=lambda device: True)
+    code, out = run_cli(capsys, *EXPLAIN_CPU)
+    assert code == 1
+    assert "AmbiguousTargetError: RMSNormFwdOp: targets 'anywhere', 'everywhere' all claim cpu" in out
+    code, out = run_cli(capsys, "explain", "LayerNormFwdOp", "--shape", "8,64", "--target", "everywhere")
+    assert code == 1
+    assert "OpNotAvailableError: LayerNormFwdOp: target 'everywhere' is bound" in out
+    assert "registers no kernel builder for LayerNormFwdOp" in out
+
+
+def test_explain_reports_a_call_the_signature_rejects(capsys):
+    code, out = run_cli(capsys, "explain", "RMSNormFwdOp", "--shape", "8,4096", "--normalized-shape", "4095")
+    assert code == 1
+    assert "the call raises OpArgumentError: RMSNormFwdOp: argument 'x' expected shape" in out
+    code, out = run_cli(capsys, "explain", "LayerNormFwdOp", "--shape", "8,4096", "--dtype", "int8")
+    assert code == 1
+    assert "argument 'x' expected dtype float16 or bfloat16 or float32, got torch.int8" in out
+
+
+def test_explain_of_an_empty_call_says_nothing_runs(capsys):
+    code, out = run_cli(capsys, "explain", "FusedAddLayerNormFwdOp", "--shape", "0,4096", "--device", "cpu")
+    assert code == 0
+    assert "writes only empty tensors" in out
+
+
+def test_explain_resolves_eps_as_the_op_does_and_passes_bias_flags(capsys):
+    code, report = run_json(capsys, "explain", "LayerNormFwdOp", "--shape", "4,2,64", "--normalized-shape", "2,64",
+                            "--device", "cpu", "--no-bias", "--eps", "0.001")
+    assert code == 0
+    assert report["params"] == {"normalized_shape": [2, 64], "eps": 0.001}
+    spec = report["interfaces"][0]["call_spec"]
+    assert "n=128" in spec and "eps=0.001" in spec and "has_weight=True, has_bias=False" in spec
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["explain", "NoSuchOp", "--shape", "8"], "no op is named 'NoSuchOp'; the ops are RMSNormFwdOp"),
+        (["explain", "RMSNormFwdOp", "--shape", "8,64", "--bias"], "RMSNormFwdOp has no optional input 'bias'"),
+    ],
+)
+def test_explain_usage_errors_exit_2(capsys, argv, message):
+    code, out = run_cli(capsys, *argv)
+    assert code == 2 and message in out
+
+
+def test_explain_rejects_a_malformed_shape(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["explain", "RMSNormFwdOp", "--shape", "8,x"])
+    assert info.value.code == 2
+    assert "expected comma-separated sizes" in capsys.readouterr().err
+
+
+# -- check ----------------------------------------------------------------------------------------
+def test_check_passes_the_shipped_manifest(capsys):
+    code, out = run_cli(capsys, "check")
+    assert code == 0
+    for op in NORM_OPS:
+        assert f"OK    {op} (norm.yaml)" in out
+    _, result = run_json(capsys, "check")
+    assert result["ok"] is True and [f["error"] for f in result["files"]] == [None]
+
+
+def _shipped_manifest_text() -> str:
+    (shipped,) = check.shipped_manifest_files()
+    return shipped.read_text(encoding="utf-8")
+
+
+def test_check_of_a_bad_manifest_names_file_op_and_field_and_exits_1(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    x_doc = "        doc: The input; any leading batch dimensions.\n"
+    bad.write_text(_shipped_manifest_text().replace(x_doc, x_doc + "        colour: red\n", 1))
+    code, out = run_cli(capsys, "check", "--manifest", str(bad))
+    assert code == 1
+    assert f"FAIL  {bad}, op RMSNormFwdOp, field signature.inputs.x: unknown field(s) 'colour'" in out
+    _, result = run_json(capsys, "check", "--manifest", str(bad))
+    assert result["ok"] is False and "colour" in result["files"][0]["error"]
+
+
+def test_check_of_a_given_good_manifest_lists_its_ops(capsys, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(_shipped_manifest_text())
+    code, out = run_cli(capsys, "check", "--manifest", str(good))
+    assert code == 0
+    for op in NORM_OPS:
+        assert f"OK    {op} (good.yaml)" in out
+
+
+def test_check_reports_a_constructor_that_disagrees_with_its_entry(capsys, monkeypatch):
+    def __init__(self, normalized_shape, eps: float | None = 1e-6, *, target=None):
+        RMSNormFwdOp.__init__(self, normalized_shape, eps, target=target)
+
+    monkeypatch.setattr(check, "FAMILIES", {"norm": (_rms_norm_op_with(__init__=__init__),)})
+    code, out = run_cli(capsys, "check")
+    assert code == 1
+    assert "FAIL  RMSNormFwdOp: RMSNormFwdOp.__init__: eps defaults to 1e-06, the manifest says None" in out
+    assert "FAIL  LayerNormFwdOp:" in out and "lists no op class of that name" in out
+
+
+def test_check_reports_an_op_listed_under_another_family(capsys, monkeypatch):
+    monkeypatch.setattr(check, "FAMILIES", {"pool": (RMSNormFwdOp,)})
+    code, out = run_cli(capsys, "check")
+    assert code == 1
+    assert (
+        "FAIL  RMSNormFwdOp: tileops.ops.FAMILIES lists RMSNormFwdOp under 'pool', its manifest entry says family 'norm'"
+    ) in out
+
+
+# -- demo and the console script -------------------------------------------------------------------
+def test_demo_still_runs_every_op(capsys):
+    code, out = run_cli(capsys, "demo", "--device", "cpu")
+    assert code == 0
+    assert out.count("served by torch_cpu") == 4
+
+
+def test_the_console_script_explains_a_call():
+    script = Path(sys.executable).with_name("tileops")
+    result = subprocess.run(
+        [str(script), *EXPLAIN_HOPPER, "--shape", "8,4096", "--json"], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["target"]["name"] == "builtin"
+    assert report["interfaces"][0]["selected"] == "rms_norm"
