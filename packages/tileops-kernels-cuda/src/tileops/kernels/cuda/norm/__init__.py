@@ -26,7 +26,7 @@ from tileops.ops.norm import (
 )
 
 from . import programs
-from ..device import compile_target
+from ..device import compile_target, launcher
 
 
 class _TileLangNorm(Kernel):
@@ -39,9 +39,11 @@ class _TileLangNorm(Kernel):
         super().__init__()
         self.device = call.device
         self._device_index = call.device.index
-        self._kernel = programs.build(
-            self.kind, self.variant, call.n, call.dtype, call.eps,
-            has_weight=call.has_weight, has_bias=call.has_bias, target=compile_target(call.device),
+        self._kernel = launcher(
+            programs.build(
+                self.kind, self.variant, call.n, call.dtype, call.eps,
+                has_weight=call.has_weight, has_bias=call.has_bias, target=compile_target(call.device),
+            )
         )
         self.config = {"variant": self.variant}
 
