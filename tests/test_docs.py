@@ -27,12 +27,15 @@ How a page is written so that this file can check it (one scheme for every page)
 * A ```yaml block preceded by ``<!-- yaml: NAME -->`` becomes the string ``NAME`` in the page's
   namespace, for the examples and directives after it; every ```yaml block is named and used.
 * ``docs_harness`` in the namespace (directives only) does what a page cannot do from the
-  public API: it installs a throwaway backend distribution and imports it through TileOPs'
-  own entry-point loader, as TileOPs does when the first op is constructed.
+  public API: ``import_backend`` installs a throwaway backend distribution and imports it
+  through TileOPs' own entry-point loader, as TileOPs does when the first op is constructed;
+  ``registrations_undone()`` is a context manager that undoes the registrations made inside
+  it, so that a page can show several broken registrations one after the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import re
@@ -46,6 +49,7 @@ import torch
 from helpers import ROOT
 from tileops.backend import set_default_target
 from tileops.core import discovery
+from tileops.core.registry import journal
 
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -118,6 +122,14 @@ class DocsHarness:
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
+
+    @contextlib.contextmanager
+    def registrations_undone(self):
+        journal.open()
+        try:
+            yield
+        finally:
+            journal.close(undo=True)
 
     def import_backend(self, name: str, module: str, source: str, distribution: str = "example-backend") -> None:
         """Install a distribution whose ``tileops.backends`` entry point ``name = module`` holds
@@ -268,3 +280,43 @@ def test_the_index_links_every_page():
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     missing = [p.name for p in PAGES if p.name != "index.md" and f"({p.name}" not in index]
     assert not missing, f"docs/index.md does not link {missing}"
+
+
+_SELF_CHECK = """\
+```python
+value = 41 + 1
+```
+
+<!-- output: value -->
+```text
+42
+```
+
+<!-- error: raise KeyError("no such key: spam") -->
+```text
+KeyError: 'no such key: ...'
+```
+
+<!-- warning: import warnings; warnings.warn("careful", RuntimeWarning) -->
+```text
+RuntimeWarning: careful
+```
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("42\n", "43\n"),  # a quoted output that differs
+        ("KeyError: 'no such", "LookupError: 'no such"),  # another exception class
+        ('raise KeyError("no such key: spam")', "pass"),  # nothing raised
+        ("RuntimeWarning: careful", "RuntimeWarning: careless"),  # another warning
+    ],
+)
+def test_the_checker_refuses_a_quote_the_code_does_not_produce(tmp_path, old, new):
+    page = tmp_path / "page.md"
+    page.write_text(_SELF_CHECK)
+    run_page(page, tmp_path, with_gpu_blocks=False)  # the page as written passes
+    page.write_text(_SELF_CHECK.replace(old, new))
+    with pytest.raises(AssertionError):
+        run_page(page, tmp_path, with_gpu_blocks=False)

@@ -135,6 +135,17 @@ class _WrongForward(_TorchLayerNorm):
         return x
 
 
+class _NoEntryFor(Kernel, LayerNormFwdInterface):
+    def forward(self, x, weight, bias):
+        return x
+
+
+class _NoForward(Kernel, LayerNormFwdInterface):
+    @classmethod
+    def entry_for(cls, call):
+        return None, cls
+
+
 class _OtherGeneral(_TorchLayerNorm):
     general = True
     devices = frozenset({"cpu"})
@@ -147,6 +158,8 @@ class _OtherGeneral(_TorchLayerNorm):
         (_InstanceEntry, "entry_for must be a @classmethod"),
         (_WrongForward, r"forward takes \(x, bias\) but LayerNormFwdInterface.forward takes \(x, weight, bias\)"),
         (_OtherGeneral, "both declare general = True on cpu"),
+        (_NoEntryFor, r"does not define entry_for\(call\)"),
+        (_NoForward, "leaves abstract methods undefined: forward"),
     ],
 )
 def test_contract_mistakes_raise_when_the_op_is_constructed(scoped_registry, kernel_type, message):

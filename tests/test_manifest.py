@@ -62,6 +62,8 @@ def test_every_shipped_manifest_entry_loads_and_matches_its_op_class():
         ({"workloads": [{"name": "w", "shapes": {"x": [2, 4]}, "dtypes": ["float32"]}]}, "workloads[0].params", "missing required param(s) normalized_shape"),
         ({"signature__inputs__weight__device": "cuda"}, "signature.inputs.weight.device", "only device"),
         ({"summary": _DELETE}, None, "missing required field(s) 'summary'"),
+        ({"signature__outputs__y__shape": {"same_as": "weight"}}, "signature.outputs.y.shape", "names an optional input"),
+        ({"signature__inputs__x y": {"dtype": ["float32"], "shape": [1]}}, "signature.inputs", "'x y' is not a valid argument name"),
     ],
 )
 def test_a_bad_entry_is_refused_naming_file_op_and_field(changes, field, message):
@@ -113,6 +115,7 @@ def test_written_tensors_aliases_and_out_buffers_are_understood():
     acc, x = torch.zeros(2, 3), torch.ones(2, 3)
     call = signature.bind({}, (acc, x), {})
     assert call.output_shapes == ((2, 3), (2,))
+    assert signature.fast_bind({}) is None  # an optional input with its own dtype: the reference binds
     assert not signature.writes_nothing(call)
     with pytest.raises(OpArgumentError, match="'acc' is written in place and must be contiguous"):
         signature.bind({}, (torch.zeros(3, 2).t(), x), {})
@@ -215,3 +218,32 @@ def test_the_fast_path_declines_what_it_does_not_check_exactly(call):
     x, r, w = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(4, 8)
     args, kwargs = call(x, r, w)
     assert op._fast_bind(*args, **kwargs) is None
+
+
+def test_the_fast_path_serves_an_output_aliasing_an_input_whose_dtype_follows_another():
+    text = yaml.safe_dump(
+        {
+            "CopyIntoOp": {
+                "family": "test",
+                "summary": "dst.copy_(src)",
+                "signature": {
+                    "inputs": {
+                        "src": {"dtype": ["float32", "float16"], "shape": ["..."]},
+                        "dst": {"dtype": {"same_as": "src"}, "shape": {"same_as": "src"}, "access": "write"},
+                    },
+                    "outputs": {"result": {"aliases": "dst"}},
+                },
+                "ref_api": "dst.copy_(src)",
+                "tolerance": {"float32": {"atol": 0, "rtol": 0}},
+                "workloads": [{"name": "w", "shapes": {"src": [4], "dst": [4]}, "dtypes": ["float32"]}],
+                "roofline": {"bytes": "2 * numel(src) * itemsize(src)", "flops": "0"},
+            }
+        },
+        sort_keys=False,
+    )
+    signature = Signature(parse_manifest(text, "t.yaml")["CopyIntoOp"])
+    src, dst = torch.ones(4, dtype=torch.float16), torch.zeros(4, dtype=torch.float16)
+    fast = signature.fast_bind({})(src, dst)
+    reference = signature.bind({}, (src, dst), {})
+    assert fast.output_dtypes == reference.output_dtypes == (torch.float16,)
+    assert signature.fast_bind({})(src, dst.float()) is None

@@ -168,6 +168,8 @@ def check_implementations(
         interface = owned[0]
         if not isinstance(inspect.getattr_static(cls, "entry_for"), classmethod):
             raise BackendError(f"{where}: entry_for must be a @classmethod taking the call spec")
+        if getattr(cls.entry_for, "__func__", None) is Kernel.entry_for.__func__ and not getattr(cls, "missing_because", None):
+            raise BackendError(f"{where} does not define entry_for(call), the class method that builds it")
         if not isinstance(inspect.getattr_static(cls, "refusal"), classmethod):
             raise BackendError(f"{where}: refusal must be a @classmethod taking the call spec")
         expected = _forward_parameters(interface)

@@ -123,6 +123,11 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
         else:
             signature.bind(op.params, args, kwargs)  # raises the precise error
     custom = type(op).__dict__.get("_custom_op")
+    if custom is None and any(t.aliases for t in signature.entry.outputs):
+        raise OpArgumentError(
+            f"{type(op).__name__}: an output aliases a written input, which a torch.library custom op "
+            "cannot return; this op cannot be traced by torch.compile yet (call it outside the compiled region)"
+        )
     if custom is None:
         raise OpArgumentError(
             f"{type(op).__name__}: an op constructed inside a compiled function cannot be traced; "

@@ -139,7 +139,8 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
             ref = decl.dtype_same_as
             ref_optional = entry.input(ref).optional
             guard = f"{ref} is not None and " if ref_optional else ""
-            w.emit(f"if {guard}{t}.dtype is not _t_{ref}: return None", indent)
+            w.emit(f"_t_{t} = {t}.dtype", indent)
+            w.emit(f"if {guard}_t_{t} is not _t_{ref}: return None", indent)
         w.emit(f"_s_{t} = {t}.shape", indent)
         if decl.shape is not None:
             if decl.optional:

@@ -130,6 +130,15 @@ class _Where:
         return ManifestError(f"{place}: {message}")
 
 
+def _names(value: Any, where: _Where) -> dict:
+    """A mapping whose keys name Python arguments (inputs, outputs, params)."""
+    mapping = _mapping(value, where, set(value) if isinstance(value, dict) else set())
+    for name in mapping:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise where.error(f"{name!r} is not a valid argument name")
+    return mapping
+
+
 def _mapping(value: Any, where: _Where, allowed: set[str], required: set[str] = frozenset()) -> dict:
     if not isinstance(value, dict):
         raise where.error(f"expected a mapping, got {type(value).__name__}")
@@ -287,11 +296,11 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
     params_spec = sig.get("params") or {}
     params = tuple(
         _param(name, v, where.at(f"signature.params.{name}"))
-        for name, v in _mapping(params_spec, where.at("signature.params"), set(params_spec)).items()
+        for name, v in _names(params_spec, where.at("signature.params")).items()
     )
     shape_params = {p.name for p in params if p.type == "shape"}
     inputs: dict[str, TensorDecl] = {}
-    for name, v in _mapping(sig["inputs"], where.at("signature.inputs"), set(sig["inputs"] or {})).items():
+    for name, v in _names(sig["inputs"] or {}, where.at("signature.inputs")).items():
         inputs[name] = _tensor(name, v, where.at(f"signature.inputs.{name}"), list(inputs), shape_params, output=False, inputs=inputs)
     if not inputs:
         raise where.at("signature.inputs").error("an op needs at least one input tensor")
@@ -300,7 +309,7 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
     if inputs[next(iter(inputs))].optional:
         raise where.at("signature.inputs").error("the first input decides the call's device and cannot be optional")
     outputs: dict[str, TensorDecl] = {}
-    for name, v in _mapping(sig["outputs"], where.at("signature.outputs"), set(sig["outputs"] or {})).items():
+    for name, v in _names(sig["outputs"] or {}, where.at("signature.outputs")).items():
         if name in inputs:
             raise where.at(f"signature.outputs.{name}").error("an output cannot share an input's name; use aliases")
         outputs[name] = _tensor(name, v, where.at(f"signature.outputs.{name}"), list(inputs), shape_params, output=True, inputs=inputs)
@@ -309,6 +318,15 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
     clash = sorted(({t.out for t in outputs.values() if t.out} & (set(inputs) | {p.name for p in params})))
     if clash:
         raise where.at("signature.outputs").error(f"out keyword(s) {', '.join(clash)} clash with an input or param name")
+    keywords = [t.out for t in outputs.values() if t.out]
+    if len(keywords) != len(set(keywords)):
+        raise where.at("signature.outputs").error(f"two outputs share one out keyword: {keywords}")
+    for name, t in outputs.items():
+        for field, ref in (("dtype", t.dtype_same_as), ("shape", t.shape_same_as)):
+            if ref is not None and not t.aliases and inputs[ref].optional:
+                raise where.at(f"signature.outputs.{name}.{field}").error(
+                    f"same_as {ref!r} names an optional input, which a call may omit; declare the {field} outright"
+                )
 
     dims = set().union(*(_names_of_pattern(t.shape) for t in inputs.values()))
     param_names = {p.name for p in params}

@@ -8,6 +8,7 @@ of ``normalized_shape`` and m of every leading dimension; ``weight`` and ``bias`
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import torch
@@ -56,18 +57,19 @@ class FusedAddLayerNormCall(NormCall):
 class RMSNormFwdInterface(KernelInterface):
     call_spec = RMSNormCall
 
+    @abc.abstractmethod
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """Return ``x * rsqrt(mean(x**2, -1) + eps) * weight`` for x of shape (m, n).
 
         Accumulate in float32 and return a new (m, n) tensor of x's dtype. ``weight`` is an
         (n,) tensor of x's dtype, or None for no scale. ``eps`` comes from the call spec.
         """
-        raise NotImplementedError
 
 
 class LayerNormFwdInterface(KernelInterface):
     call_spec = LayerNormCall
 
+    @abc.abstractmethod
     def forward(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
     ) -> torch.Tensor:
@@ -76,12 +78,12 @@ class LayerNormFwdInterface(KernelInterface):
         The variance is the biased one, as torch's. Accumulate in float32 and return a new
         (m, n) tensor of x's dtype. ``weight``/``bias`` are (n,) tensors of x's dtype or None.
         """
-        raise NotImplementedError
 
 
 class FusedAddRMSNormFwdInterface(KernelInterface):
     call_spec = FusedAddRMSNormCall
 
+    @abc.abstractmethod
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,12 +92,12 @@ class FusedAddRMSNormFwdInterface(KernelInterface):
         The norm is computed from the rounded sum, exactly as ``F.rms_norm(x + residual)``
         would; both results are new (m, n) tensors of x's dtype.
         """
-        raise NotImplementedError
 
 
 class FusedAddLayerNormFwdInterface(KernelInterface):
     call_spec = FusedAddLayerNormCall
 
+    @abc.abstractmethod
     def forward(
         self,
         x: torch.Tensor,
@@ -104,4 +106,3 @@ class FusedAddLayerNormFwdInterface(KernelInterface):
         bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(layer_norm(s), s)`` where ``s = x + residual`` rounded to x's dtype."""
-        raise NotImplementedError
