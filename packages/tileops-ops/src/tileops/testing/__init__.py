@@ -23,6 +23,7 @@ __all__ = [
     "WorkloadCase",
     "check_empty_write",
     "check_workload",
+    "resize_batch",
     "reference_outputs",
     "workload_cases",
     "workload_inputs",
@@ -135,10 +136,7 @@ def check_empty_write(op: Op, workload: Workload, dtype: torch.dtype, device: to
     """A call whose written tensors are all empty returns outputs built from the signature,
     runs no implementation and binds no target."""
     entry = type(op).manifest_entry()
-    first = entry.inputs[0].name
-    shapes = {name: (0, *shape[1:]) if shape and name in _batched(entry, workload) else shape
-              for name, shape in workload.shapes.items()}
-    empty = Workload(workload.name + "-empty", shapes, workload.dtypes, workload.params)
+    empty = resize_batch(entry, workload, 0)
     inputs = workload_inputs(entry, empty, dtype, device)
     result = op(**inputs)
     outputs = result if isinstance(result, tuple) else (result,)
@@ -150,13 +148,16 @@ def check_empty_write(op: Op, workload: Workload, dtype: torch.dtype, device: to
         )
     assert op.target is None, f"{entry.name}: a call writing only empty tensors bound target {op.target!r}"
     assert op.built_kernels() == [], f"{entry.name}: a call writing only empty tensors built a kernel"
-    assert first in inputs
 
 
-def _batched(entry: OpEntry, workload: Workload) -> set[str]:
-    """Inputs whose first dimension is the batch (shaped like the first input)."""
+def resize_batch(entry: OpEntry, workload: Workload, rows: int) -> Workload:
+    """``workload`` with the leading (batch) dimension set to ``rows`` in every input shaped
+    like the first input; weights and other inputs keep their shapes."""
     first = workload.shapes[entry.inputs[0].name]
-    return {name for name, shape in workload.shapes.items() if len(shape) == len(first)}
+    shapes = {
+        name: (rows, *shape[1:]) if len(shape) == len(first) else shape for name, shape in workload.shapes.items()
+    }
+    return Workload(f"{workload.name}-rows{rows}", shapes, workload.dtypes, workload.params)
 
 
 # The kit builds on the helpers above, so it is imported after them.

@@ -28,7 +28,7 @@ from tileops.core import Op, registry
 from tileops.core.manifest.loader import DTYPES, Workload
 from tileops.ops import FAMILIES
 
-from . import check_empty_write, check_workload
+from . import check_empty_write, check_workload, resize_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,9 +156,8 @@ class TargetConformance:
                 check_workload(op, workload, dtype, self.device)
                 check_workload(op, workload, dtype, self.device, seed=2)
                 assert len(builds) == 1, f"{op_class.__name__}: build_kernel ran {len(builds)} times for one input layout"
-                batch = {k: (v[0] + 1, *v[1:]) if len(v) == len(workload.shapes[op_class.signature().input_names[0]]) else v
-                         for k, v in workload.shapes.items()}
-                check_workload(op, Workload(workload.name + "+1", batch, workload.dtypes, workload.params), dtype, self.device)
+                first = workload.shapes[op_class.signature().input_names[0]]
+                check_workload(op, resize_batch(op_class.manifest_entry(), workload, first[0] + 1), dtype, self.device)
                 assert len(builds) == 2, f"{op_class.__name__}: a new input shape should build once more, builds: {len(builds)}"
         return run
 
