@@ -308,3 +308,41 @@ def test_rms_norm_in_tree_keys_follow_the_spec():
     assert {"rms_norm", "torch_cpu"} <= keys
     layer = LayerNormFwdOp(4096).implementations()[LayerNormFwdInterface].classes
     assert layer["layer_norm"].general is False
+
+
+def test_concurrent_first_calls_build_each_entry_once_and_agree(scoped_registry):
+    import threading
+    import time
+
+    built = []
+
+    class _Slow(_NarrowTorchLayerNorm):
+        def __init__(self, n, eps):
+            time.sleep(0.05)  # widen the window in which a second thread could build too
+            built.append(n)
+            super().__init__(n, eps)
+
+    register_kernel_type("LayerNormFwdOp", "slow", _Slow)
+    op = LayerNormFwdOp(128)
+    x, w, b = _inputs(128)
+    results, start = [], threading.Barrier(8)
+
+    def call():
+        start.wait()
+        results.append(op(x, w, b))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert built == [128]
+    assert len(results) == 8 and all(torch.equal(r, results[0]) for r in results)
+
+
+def test_kernel_types_lists_in_tree_keys_without_importing_them():
+    kernel_types = LayerNormFwdOp.kernel_types
+    assert set(kernel_types) == {"torch_cpu", "layer_norm", "layer_norm_shared", "layer_norm_streamed", "layer_norm_scalar"}
+    assert kernel_types["layer_norm"] == "tileops.kernels.cuda.norm:LayerNormKernel"
+    with pytest.raises(TypeError):
+        kernel_types["mine"] = _TorchLayerNorm

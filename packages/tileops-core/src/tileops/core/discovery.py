@@ -52,8 +52,12 @@ def _distribution_name(entry_point: importlib.metadata.EntryPoint) -> str | None
 
 
 def load_backends() -> None:
-    """Import every installed backend once. Re-entrant calls (a backend constructing an op
-    while it is imported) return at once."""
+    """Import every installed backend once, in entry-point name order.
+
+    Re-entrant calls (a backend constructing an op while it is imported) return at once. An
+    interrupt (KeyboardInterrupt) undoes the backend being imported and propagates; the next
+    call resumes with the backends not imported yet.
+    """
     if _state["done"]:
         return
     with _lock:
@@ -61,13 +65,15 @@ def load_backends() -> None:
             return
         _state["loading"] = True
         try:
+            tried = {(b.name, b.value) for b in _loaded} | {(f.name, f.value) for f in _failures}
             for entry_point in sorted(
                 importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name
             ):
-                _load_one(entry_point)
+                if (entry_point.name, entry_point.value) not in tried:
+                    _load_one(entry_point)
+            _state["done"] = True
         finally:
             _state["loading"] = False
-            _state["done"] = True
 
 
 def _load_one(entry_point: importlib.metadata.EntryPoint) -> None:
@@ -87,9 +93,23 @@ def _load_one(entry_point: importlib.metadata.EntryPoint) -> None:
             RuntimeWarning,
             stacklevel=4,
         )
+    except BaseException:
+        journal.close(undo=True)
+        raise
     else:
         journal.close(undo=False)
         _loaded.append(LoadedBackend(entry_point.name, entry_point.value, distribution))
+
+
+def failed_backends_note() -> str:
+    """A sentence for dispatch errors when some backend failed to load, else ''."""
+    if not _failures:
+        return ""
+    names = ", ".join(repr(f.name) for f in _failures)
+    return (
+        f" Note: {len(_failures)} installed backend(s) failed to load ({names}), so what they register is "
+        "missing; see tileops.backend.load_failures() or `tileops backends`."
+    )
 
 
 def load_failures() -> list[LoadFailure]:

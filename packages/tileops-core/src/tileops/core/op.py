@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import threading
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -80,6 +82,15 @@ class Op:
     manifest_file: ClassVar[Any]
     kernel_interfaces: ClassVar[tuple[type[KernelInterface], ...]] = ()
     in_tree_kernels: ClassVar[Mapping[type[KernelInterface], Mapping[str, Any]]] = {}
+    #: Read-only: every in-tree key -> its class, or its "module:QualName" reference when the
+    #: class lives in a distribution imported lazily (reading this imports nothing).
+    kernel_types: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kernel_types = MappingProxyType(
+            {key: ref for refs in cls.in_tree_kernels.values() for key, ref in refs.items()}
+        )
 
     # -- class level: built once per op class ----------------------------------------------
     @classmethod
@@ -133,6 +144,8 @@ class Op:
         self._target: str | None = None
         self.target_reason = "not bound yet: the target is chosen on the first call that runs an implementation"
         self._target_kernels: dict[tuple, Callable[..., Any]] = {}
+        # Held on cache misses only, so that concurrent first calls bind and build once.
+        self._miss_lock = threading.RLock()
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -177,22 +190,35 @@ class Op:
         return self._signature.check_result(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
 
     def _bind_and_run(self, call: BoundCall) -> Any:
-        has_own_kernels = any(impls.classes for impls in self._implementations.values())
-        target, reason = bind_target(type(self).__name__, self._requested_target, call.device, has_own_kernels=has_own_kernels)
-        self._target, self.target_reason = target, reason
-        try:
-            return self._run(target, call)
-        except BaseException:
-            # The binding call failed: forget the choice and everything built under it.
-            self._target = None
-            self.target_reason = "not bound yet: the call that would have bound it failed"
-            self._target_kernels.clear()
-            self._built.clear()
-            for cache in self._kernel_caches.values():
-                cache.clear()
-            raise
+        with self._miss_lock:
+            if self._target is not None:  # another thread bound it meanwhile
+                return self._run(self._target, call)
+            has_own_kernels = any(impls.classes for impls in self._implementations.values())
+            target, reason = bind_target(
+                type(self).__name__, self._requested_target, call.device, has_own_kernels=has_own_kernels
+            )
+            self._target, self.target_reason = target, reason
+            try:
+                return self._run(target, call)
+            except BaseException:
+                # The binding call failed: forget the choice and everything built under it.
+                self._target = None
+                self.target_reason = "not bound yet: the call that would have bound it failed"
+                self._target_kernels.clear()
+                self._built.clear()
+                for cache in self._kernel_caches.values():
+                    cache.clear()
+                raise
 
     def _build_target_kernel(self, target: str, call: BoundCall, key: tuple) -> Callable[..., Any]:
+        with self._miss_lock:
+            kernel = self._target_kernels.get(key)
+            if kernel is None:
+                kernel = self._call_builder(target, call)
+                self._target_kernels[key] = kernel
+            return kernel
+
+    def _call_builder(self, target: str, call: BoundCall) -> Callable[..., Any]:
         name = type(self).__name__
         registration = registry.builder(name, target)
         build = registration.value
@@ -204,7 +230,6 @@ class Op:
                 f"{registration.module}) returned {type(kernel).__name__}, which is not callable; "
                 "build_kernel must return the kernel to call"
             )
-        self._target_kernels[key] = kernel
         return kernel
 
     # -- the in-tree path ---------------------------------------------------------------------
@@ -225,6 +250,14 @@ class Op:
         return kernel
 
     def _select_and_build(self, interface: type[KernelInterface], fields: tuple) -> Kernel:
+        with self._miss_lock:
+            kernel = self._kernel_caches[interface].get(fields)
+            if kernel is None:
+                kernel = self._build_entry(interface, fields)
+                self._kernel_caches[interface][fields] = kernel
+            return kernel
+
+    def _build_entry(self, interface: type[KernelInterface], fields: tuple) -> Kernel:
         if len(fields) == 1 and isinstance(fields[0], CallSpec):
             call = fields[0]
         else:
@@ -249,7 +282,6 @@ class Op:
                     f"{type(kernel).__name__}, not a {cls.__qualname__}"
                 )
             self._built[(key, identity)] = kernel
-        self._kernel_caches[interface][fields] = kernel
         return kernel
 
     def verdicts(

@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable, Mapping
 
 from .device_facts import DeviceFacts, facts_for, has_facts_reader
+from .discovery import failed_backends_note
 from .errors import BackendError, KernelSelectionError
 from .kernel import CallSpec, Kernel, KernelInterface
 
@@ -109,7 +110,7 @@ class InterfaceImplementations:
             raise KernelSelectionError(
                 f"{where}: no implementation serves {call}.\n{listing}\n"
                 "Pass inputs one of them accepts, or install/register an implementation that "
-                "serves this call."
+                "serves this call." + failed_backends_note()
             )
         first, *rest = selected
         raise KernelSelectionError(
@@ -117,7 +118,7 @@ class InterfaceImplementations:
             f"{', '.join(selected)}.\n{listing}\n"
             f"Settle it with a declaration: e.g. preferred_over = frozenset({{{rest[0]!r}}}) on the "
             f"class under {first!r}, a refusal(call) that turns one of them down, or general = True "
-            "on the catch-all one."
+            "on the catch-all one." + failed_backends_note()
         )
 
 

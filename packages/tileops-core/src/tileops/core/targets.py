@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import registry
-from .discovery import load_backends
+from .discovery import failed_backends_note, load_backends
 from .errors import AmbiguousTargetError, BackendError, OpNotAvailableError, UnknownTargetError
 from .registry import BUILTIN, describe_callable
 
@@ -46,7 +46,7 @@ def check_target_name(target: Any, caller: str) -> str:
         raise UnknownTargetError(
             f"{caller}: no backend registered target {target!r}; known targets: "
             f"{', '.join([BUILTIN, *known])}. Is the backend installed? `tileops backends` lists "
-            "installed backends and the ones that failed to load."
+            "installed backends and the ones that failed to load." + failed_backends_note()
         )
     return target
 
@@ -97,6 +97,7 @@ def choose_target(op: str, chosen_at_construction: str | None, device: torch.dev
         raise AmbiguousTargetError(
             f"{op}: targets {', '.join(map(repr, claims))} all claim {device}. Choose one: pass "
             f"target=... when constructing the op, or call tileops.backend.set_default_target(...)"
+            + failed_backends_note()
         )
     return claims[0], f"the detector of target {claims[0]!r} claims {device}"
 
@@ -114,5 +115,6 @@ def bind_target(op: str, chosen_at_construction: str | None, device: torch.devic
             f"{op}: target {target!r} is bound ({reason}) but registers no kernel builder for {op}, "
             f"and the op does not fall back to its in-tree implementations. Targets that serve {op}: "
             f"{', '.join(serving) or 'none'}; or pass target={BUILTIN!r} to use the in-tree implementations"
+            + failed_backends_note()
         )
     return BUILTIN, f"{reason}; target {target!r} has no builder for {op}, which has no kernels to fall back from"
