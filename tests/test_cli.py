@@ -395,3 +395,14 @@ def test_the_console_script_explains_a_call():
     report = json.loads(result.stdout)
     assert report["target"]["name"] == "builtin"
     assert report["interfaces"][0]["selected"] == "rms_norm"
+
+
+def test_overhead_measures_the_op_layer_against_the_kernel_and_leaves_no_registration(capsys):
+    code, out = run_cli(capsys, "overhead", "--calls", "200", "--json")
+    assert code == 0
+    figures = json.loads(out)
+    assert set(figures) == {"op_us", "kernel_us", "overhead_us", "budget_us"}
+    assert figures["op_us"] > figures["kernel_us"] > 0
+    from tileops.core import registry
+
+    assert "overhead_probe" not in registry.kernel_types("RMSNormFwdOp")

@@ -28,7 +28,7 @@ from .manifest import BoundCall, OpEntry, Signature, load_manifest
 from .registry import BUILTIN, describe_callable
 from .selection import InterfaceImplementations, Verdict, check_implementations
 from .targets import TensorSpec, bind_target, check_target_name
-from .tracing import define_custom_op, is_tracing, traced_call
+from .tracing import define_custom_op, is_compiling, traced_call
 
 class _MissingKernel(Kernel):
     """Stands in for an in-tree implementation whose module cannot be imported."""
@@ -162,7 +162,7 @@ class Op:
         return self._target
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if is_tracing():
+        if is_compiling():
             return traced_call(self, args, kwargs)
         signature = self._signature
         call = None
@@ -172,10 +172,13 @@ class Op:
             except TypeError:  # arguments the fast path cannot bind: the reference names them
                 call = None
         if call is None:
+            # The reference: precise errors, copies of non-contiguous inputs, empty writes.
             call = signature.bind(self.params, args, kwargs)
-        if signature.writes_nothing(call):
-            return signature.empty_result(call)
+            if signature.writes_nothing(call):
+                return signature.empty_result(call)
         target = self._target
+        if target is BUILTIN:
+            return signature.check_result(self.forward(*call.inputs, **call.outs), call, "forward")
         if target is None:
             return self._bind_and_run(call)
         return self._run(target, call)

@@ -25,9 +25,8 @@ _lock = threading.Lock()
 _instances: dict[tuple, Op] = {}
 
 
-def is_tracing() -> bool:
-    """True while Dynamo (torch.compile) traces the caller."""
-    return torch.compiler.is_compiling()
+#: True while Dynamo (torch.compile) traces the caller; called on every eager op call.
+is_compiling = torch.compiler.is_compiling
 
 
 def _schema(op_class: type[Op]) -> str:

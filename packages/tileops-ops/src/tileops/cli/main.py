@@ -1,8 +1,8 @@
 """Argument parsing for the ``tileops`` command, and its ``demo`` subcommand.
 
 Each other subcommand lives in its own module, which adds its parser (``register``) and
-handles it: ``ops`` (list_ops), ``backends`` (list_backends), ``explain``, ``check`` and
-``bench``.
+handles it: ``ops`` (list_ops), ``backends`` (list_backends), ``explain``, ``check``,
+``bench`` and ``overhead``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import bench, check, explain, list_backends, list_ops
+from . import bench, check, explain, list_backends, list_ops, overhead
 from .output import UsageError
 
 
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run every op once and print what served each call")
     demo.add_argument("--device", help="device to run on (default: cuda if present, else cpu)")
     demo.set_defaults(handler=_demo)
-    for command in (list_ops, list_backends, explain, check, bench):
+    for command in (list_ops, list_backends, explain, check, bench, overhead):
         command.register(commands)
     return parser
 

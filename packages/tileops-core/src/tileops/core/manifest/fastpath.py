@@ -3,14 +3,16 @@
 For one op instance (its class's entry and its params), Python source is written once that
 accepts only the common case — every tensor present as declared, a torch.Tensor, contiguous,
 on the call's device, with the declared dtype and shape, output buffers that fit — and returns
-``None`` for anything else. ``Signature.bind`` stays the reference: it handles what the fast
-path declines (copies non-contiguous inputs, builds the precise error). So the fast path can
+``None`` for anything else, including a call whose written tensors are all empty.
+``Signature.bind`` stays the reference: it handles what the fast path declines (copies
+non-contiguous inputs, builds the precise error, returns an empty call's outputs). So the fast path can
 only ever be stricter, never more lenient, than the reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -54,35 +56,38 @@ class _Writer:
         fixed = sum(w for w in widths if w is not None)
         comparison = "<" if free_at is not None else "!="
         self.emit(f"if len({shape_var}) {comparison} {fixed}: return None", indent)
-        # Entries before the free group index from the front, entries after it from the back.
+        # Entries before the free group index from the front, entries after it from the back
+        # (negative indices), so no index depends on the call's rank.
         offset = 0
         for i, dim in enumerate(pattern):
             if free_at is not None and i >= free_at:
                 break
-            offset = self._check_entry(dim, shape_var, str(offset), widths[i], offset, indent)
+            self._check_entry(dim, shape_var, offset, widths[i], indent)
+            offset += widths[i]
         if free_at is None:
             return
         back = 0
         for i in range(len(pattern) - 1, free_at, -1):
             back += widths[i]
-            self._check_entry(pattern[i], shape_var, f"len({shape_var}) - {back}", widths[i], None, indent)
+            self._check_entry(pattern[i], shape_var, -back, widths[i], indent)
         dim = pattern[free_at]
         if dim != "...":
-            name = dim[1:]
-            group = f"tuple({shape_var}[{sum(w for w in widths[:free_at])}:len({shape_var}) - {back}])"
-            self._bind_or_compare(name, group, indent)
+            group = f"tuple({shape_var}[{offset}:len({shape_var}) - {back}])"
+            self._bind_or_compare(dim[1:], group, indent)
 
-    def _check_entry(self, dim, shape_var: str, start: str, width: int, offset: int | None, indent: int):
+    def _check_entry(self, dim, shape_var: str, index: int, width: int, indent: int) -> None:
+        """Checks of one pattern entry starting at ``index`` (negative: from the end)."""
         if isinstance(dim, int):
-            self.emit(f"if {shape_var}[{start}] != {dim}: return None", indent)
+            self.emit(f"if {shape_var}[{index}] != {dim}: return None", indent)
         elif dim[0] == "*":
-            value = self.constant(tuple(self.params[dim[1:]]))
-            self.emit(f"if {shape_var}[{start}:{start} + {width}] != {value}: return None", indent)
+            # A group bound by a shape param: its sizes are known now, so compare them one by
+            # one (ints compare faster than a slice of torch.Size).
+            for position, size in enumerate(self.params[dim[1:]]):
+                self.emit(f"if {shape_var}[{index + position}] != {size}: return None", indent)
         elif dim in self.params:
-            self.emit(f"if {shape_var}[{start}] != {self.constant(self.params[dim])}: return None", indent)
+            self.emit(f"if {shape_var}[{index}] != {self.constant(self.params[dim])}: return None", indent)
         else:
-            self._bind_or_compare(dim, f"{shape_var}[{start}]", indent)
-        return None if offset is None else offset + width
+            self._bind_or_compare(dim, f"{shape_var}[{index}]", indent)
 
     def _bind_or_compare(self, name: str, value: str, indent: int) -> None:
         if name in self.dims:
@@ -171,7 +176,7 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
             raise _Unsupported
     shapes = [w.output_shape(decl) for decl in entry.outputs]
     dtypes = [w.output_dtype(decl) for decl in entry.outputs]
-    w.emit("_outs = {}", 1)
+    w.emit("_outs = _NO_OUTS", 1)
     for i, decl in enumerate(entry.outputs):
         if decl.out:
             o = decl.out
@@ -181,8 +186,13 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
                 f"or {o}.device != _dev or not {o}.is_contiguous(): return None",
                 2,
             )
-            w.emit(f"_outs[{o!r}] = {o}", 2)
-    dims = "{" + ", ".join(f"{name!r}: {local}" for name, local in w.dims.items()) + "}"
+            w.emit(f"_outs = {{**_outs, {o!r}: {o}}}", 2)
+    # A call whose written tensors are all empty runs nothing: the reference bind handles it.
+    written = [f"0 in {shape}" for decl, shape in zip(entry.outputs, shapes) if not decl.aliases]
+    written += [f"{decl.name}.numel() == 0" for decl in entry.inputs if decl.written and not decl.optional]
+    if written:
+        w.emit(f"if {' and '.join(written)}: return None", 1)
+    dims = ("{" + ", ".join(f"{name!r}: {local}" for name, local in w.dims.items()) + "}") if w.dims else "_NO_DIMS"
     w.emit(f"_dims = {dims}", 1)
     call_constraints = [c for c in entry.constraints if not c.at_construction]
     if call_constraints:
@@ -204,6 +214,8 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
         "torch": torch,
         "_BoundCall": bound_call,
         "_params": dict(params),
+        "_NO_OUTS": MappingProxyType({}),
+        "_NO_DIMS": MappingProxyType({}),
         "_constraints_hold": constraints_hold,
         **w.constants,
     }

@@ -243,9 +243,15 @@ class Signature:
 
     def check_result(self, result: Any, call: BoundCall, producer: str):
         """Cheap checks of what an implementation returned: count, type, shape and dtype."""
-        items = (result,) if self._single_output else result
-        if type(items) is tuple and len(items) == len(call.output_shapes):
-            for item, shape, dtype in zip(items, call.output_shapes, call.output_dtypes):
+        if self._single_output:
+            if (
+                isinstance(result, torch.Tensor)
+                and result.shape == call.output_shapes[0]
+                and result.dtype is call.output_dtypes[0]
+            ):
+                return result
+        elif type(result) is tuple and len(result) == len(call.output_shapes):
+            for item, shape, dtype in zip(result, call.output_shapes, call.output_dtypes):
                 if not (isinstance(item, torch.Tensor) and item.shape == shape and item.dtype is dtype):
                     break
             else:

@@ -70,16 +70,16 @@ class _NormOp(Op):
     def __init__(self, *, target: str | None, **params: Any) -> None:
         super().__init__(target=target, **params)
         self.n = math.prod(self.params["normalized_shape"])
-        self._eps_by_dtype: dict[torch.dtype, float] = {}
+        given = self.params["eps"]
+        # Resolved once for every dtype x may have, so a call reads it with one lookup.
+        self._eps = {
+            dtype: torch.finfo(dtype).eps if given is None else given
+            for dtype in self.manifest_entry().inputs[0].dtypes
+        }
 
     def eps_for(self, dtype: torch.dtype) -> float:
         """The eps a call in ``dtype`` uses: the given one, else torch's default for dtype."""
-        eps = self._eps_by_dtype.get(dtype)
-        if eps is None:
-            given = self.params["eps"]
-            eps = torch.finfo(dtype).eps if given is None else given
-            self._eps_by_dtype[dtype] = eps
-        return eps
+        return self._eps[dtype]
 
 
 class RMSNormFwdOp(_NormOp):
@@ -99,7 +99,7 @@ class RMSNormFwdOp(_NormOp):
     def forward(self, x, weight=None, *, out=None):
         n = self.n
         kernel = self.kernel_for(
-            RMSNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False, _aligned(x, weight)
+            RMSNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None, False, _aligned(x, weight)
         )
         y = kernel.forward(_rows(x, n), _flat(weight, n))
         return _deliver(y, x.shape, out)
@@ -122,7 +122,7 @@ class LayerNormFwdOp(_NormOp):
     def forward(self, x, weight=None, bias=None, *, out=None):
         n = self.n
         kernel = self.kernel_for(
-            LayerNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, bias is not None,
+            LayerNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None, bias is not None,
             _aligned(x, weight, bias),
         )
         y = kernel.forward(_rows(x, n), _flat(weight, n), _flat(bias, n))
@@ -147,7 +147,7 @@ class FusedAddRMSNormFwdOp(_NormOp):
     def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
         n = self.n
         kernel = self.kernel_for(
-            FusedAddRMSNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None, False,
+            FusedAddRMSNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None, False,
             _aligned(x, residual, weight),
         )
         y, total = kernel.forward(_rows(x, n), _rows(residual, n), _flat(weight, n))
@@ -172,7 +172,7 @@ class FusedAddLayerNormFwdOp(_NormOp):
     def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
         n = self.n
         kernel = self.kernel_for(
-            FusedAddLayerNormFwdInterface, x.device, n, x.dtype, self.eps_for(x.dtype), weight is not None,
+            FusedAddLayerNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None,
             bias is not None, _aligned(x, residual, weight, bias),
         )
         y, total = kernel.forward(_rows(x, n), _rows(residual, n), _flat(weight, n), _flat(bias, n))

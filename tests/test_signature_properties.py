@@ -1,0 +1,566 @@
+"""Property-based tests of the call checks each op's manifest entry generates.
+
+Calls are generated from an op's manifest entry, never written per op: params where the entry
+leaves a choice, batch ranks 0-3 (empty batches included), every dtype the entry allows,
+optional inputs present or absent, inputs passed by position or by keyword, and out= buffers
+for the outputs that declare one. The properties:
+
+* a valid call succeeds; its outputs have the shapes and dtypes the signature declares (and the
+  manifest's reference computes), and out= buffers come back as given;
+* a non-contiguous read-only input is copied, not refused, and gives the same result;
+* exactly one corruption of a valid call raises ``OpArgumentError``, whose message starts with
+  the op's name and names the argument at fault first; the fast path declines the call;
+* the generated fast path agrees with the reference ``Signature.bind`` on every valid call.
+
+CPU only; hypothesis keeps no example database, so the tests write no files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import assume, event, given, settings
+from hypothesis import strategies as st
+
+from tileops.backend import OpArgumentError
+from tileops.core import Op
+from tileops.core.manifest.expressions import evaluate
+from tileops.core.manifest.loader import DTYPES, OpEntry, ParamDecl, TensorDecl
+from tileops.ops import FAMILIES
+from tileops.testing import reference_outputs
+
+OP_CLASSES = [op_class for op_classes in FAMILIES.values() for op_class in op_classes]
+
+#: The source of a dimension that a literal or a param fixes; any other size is refused.
+PINNED: Hashable = ("pinned",)
+
+#: A param left out of the constructor call, so that its default applies.
+OMITTED = object()
+
+SHAPE_SIZES = st.integers(1, 4)  # sizes of a shape param such as normalized_shape
+BATCH_SIZES = st.integers(0, 3)  # sizes of '...' and of named dims: 0 makes an empty call
+BATCH_RANK = 3
+
+
+def class_name(op_class: type) -> str:
+    return op_class.__name__
+
+
+# -- generating valid calls from a manifest entry ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Dim:
+    """One dimension of a generated tensor: its size, and what fixes that size.
+
+    ``source`` is ``PINNED`` for a literal or a param; otherwise a key that every dimension
+    which must equal this one shares: ``("...", tensor, k)`` for a tensor's own batch
+    dimensions (the tensors declared ``shape: {same_as: tensor}`` share them), or
+    ``("dim", name, k)`` for a dimension name that the first tensor having it binds.
+    """
+
+    size: int
+    source: Hashable
+
+
+def expand_pattern(pattern: tuple, params: Mapping[str, Any], bindings: Mapping[str, Any], owner: str) -> tuple[Dim, ...]:
+    """The dimensions of a tensor whose manifest shape is ``pattern``.
+
+    ``params`` give the sizes of param names ('*normalized_shape'); ``bindings`` give '...' (a
+    tuple of batch sizes), each other '*name' (a tuple) and each plain name (an int);
+    ``owner`` names the tensor, whose '...' is its own.
+    """
+    dims: list[Dim] = []
+    for entry in pattern:
+        if isinstance(entry, int):
+            dims.append(Dim(entry, PINNED))
+        elif entry == "...":
+            dims.extend(Dim(size, ("...", owner, k)) for k, size in enumerate(bindings["..."]))
+        else:
+            name = entry.lstrip("*")
+            value = params[name] if name in params else bindings[name]
+            sizes = value if entry.startswith("*") else (value,)
+            dims.extend(Dim(size, PINNED if name in params else ("dim", name, k)) for k, size in enumerate(sizes))
+    return tuple(dims)
+
+
+def shape_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:
+    return tuple(dim.size for dim in dims)
+
+
+def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=generator).to(dtype)
+
+
+def non_contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values with its elements two apart in memory: not contiguous unless the
+    tensor has at most one element (torch calls any such tensor contiguous)."""
+    spread = torch.empty((*tensor.shape, 2), dtype=tensor.dtype, device=tensor.device)[..., 0]
+    return spread.copy_(tensor)
+
+
+def declared_dtypes(entry: OpEntry, decl: TensorDecl) -> tuple[torch.dtype, ...]:
+    """The dtypes ``decl`` may have, following ``dtype: {same_as: ...}`` to a list."""
+    while decl.dtypes is None:
+        decl = entry.input(decl.dtype_same_as)
+    return decl.dtypes
+
+
+def param_values(decl: ParamDecl) -> st.SearchStrategy:
+    """What a caller may pass for ``decl``, in every form the param accepts, kept small."""
+    if decl.type == "shape":
+        sizes = st.lists(SHAPE_SIZES, min_size=1, max_size=2)
+        values = st.one_of(sizes, sizes.map(tuple), sizes.map(torch.Size), SHAPE_SIZES)
+    elif decl.type == "float":
+        values = st.one_of(st.floats(0.0, 0.1), st.integers(0, 1))
+    elif decl.type == "int":
+        values = st.integers(0, 4)
+    elif decl.type == "bool":
+        values = st.booleans()
+    elif decl.type == "dtype":
+        values = st.sampled_from(list(DTYPES.values()))
+    else:
+        raise NotImplementedError(f"no values for a {decl.type} param ({decl.name}); teach param_values one")
+    if decl.nullable:
+        values = st.none() | values
+    if not decl.required:
+        values = st.just(OMITTED) | values
+    return values
+
+
+def bound_params(entry: OpEntry, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The params an op constructed with ``given`` must hold: every param, shapes as tuples."""
+    params = {}
+    for decl in entry.params:
+        value = given.get(decl.name, decl.default)
+        if decl.type == "shape" and value is not None:
+            value = (value,) if isinstance(value, int) else tuple(value)
+        elif decl.type == "float" and value is not None:
+            value = float(value)
+        params[decl.name] = value
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedCall:
+    """A call of an op: the constructor's arguments, then the call's tensors."""
+
+    op_class: type[Op]
+    given_params: Mapping[str, Any]  # what the constructor is passed (defaults may be left out)
+    params: Mapping[str, Any]  # what the op must hold after construction
+    dims: Mapping[str, tuple[Dim, ...]]  # every input and output, by its name
+    dtypes: Mapping[str, torch.dtype]  # every input and output, by its name
+    inputs: Mapping[str, torch.Tensor | None]  # every input, None where absent
+    outs: Mapping[str, torch.Tensor]  # out keyword -> the caller's buffer
+    positional: int  # how many inputs are passed by position; the rest by keyword
+
+    @property
+    def entry(self) -> OpEntry:
+        return self.op_class.manifest_entry()
+
+    def build_op(self) -> Op:
+        return self.op_class(**self.given_params)
+
+    def arguments(self) -> tuple[tuple, dict[str, Any]]:
+        """The call's ``(args, kwargs)``: absent inputs are None by position, left out by keyword."""
+        names = [decl.name for decl in self.entry.inputs]
+        args = tuple(self.inputs[name] for name in names[: self.positional])
+        kwargs = {name: self.inputs[name] for name in names[self.positional:] if self.inputs[name] is not None}
+        return args, {**kwargs, **self.outs}
+
+    def with_argument(self, name: str, value: Any) -> GeneratedCall:
+        """This call with input or out buffer ``name`` replaced (None: absent)."""
+        if name in self.inputs:
+            return dataclasses.replace(self, inputs={**self.inputs, name: value})
+        outs = {keyword: buffer for keyword, buffer in self.outs.items() if keyword != name}
+        return dataclasses.replace(self, outs=outs if value is None else {**outs, name: value})
+
+    def output_for(self, keyword: str) -> TensorDecl:
+        return next(decl for decl in self.entry.outputs if decl.out == keyword)
+
+    def argument_dims(self, name: str) -> tuple[Dim, ...]:
+        return self.dims[name] if name in self.inputs else self.dims[self.output_for(name).name]
+
+    def argument_dtype(self, name: str) -> torch.dtype:
+        return self.dtypes[name] if name in self.inputs else self.dtypes[self.output_for(name).name]
+
+    def checked_arguments(self) -> list[str]:
+        """The tensors passed, in the order the reference bind checks them."""
+        return [name for name, tensor in self.inputs.items() if tensor is not None] + list(self.outs)
+
+    def __repr__(self) -> str:
+        def describe(tensor: torch.Tensor | None) -> str:
+            if tensor is None:
+                return "absent"
+            return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+
+        given = ", ".join(f"{name}={value!r}" for name, value in self.given_params.items())
+        tensors = [f"{name}={describe(tensor)}" for name, tensor in self.inputs.items()]
+        tensors += [f"{keyword}={describe(buffer)}" for keyword, buffer in self.outs.items()]
+        return f"{self.op_class.__name__}({given})({', '.join(tensors)}; {self.positional} by position)"
+
+
+def constraints_hold(entry: OpEntry, namespace: Mapping[str, Any], *, at_construction: bool) -> bool:
+    return all(
+        evaluate(constraint.code, dict(namespace))
+        for constraint in entry.constraints
+        if constraint.at_construction == at_construction
+    )
+
+
+@st.composite
+def valid_calls(draw: Callable, op_class: type[Op]) -> GeneratedCall:
+    """A call that the op's signature accepts, built from its manifest entry alone."""
+    entry = op_class.manifest_entry()
+    given = draw(st.fixed_dictionaries({decl.name: param_values(decl) for decl in entry.params}))
+    given = {name: value for name, value in given.items() if value is not OMITTED}
+    params = bound_params(entry, given)
+    assume(constraints_hold(entry, params, at_construction=True))
+
+    bindings: dict[str, Any] = {"...": tuple(draw(st.lists(BATCH_SIZES, max_size=BATCH_RANK)))}
+    for decl in entry.inputs:
+        for pattern_entry in decl.shape or ():
+            name = pattern_entry.lstrip("*") if isinstance(pattern_entry, str) else None
+            if name and name not in params and name not in bindings:
+                group = pattern_entry.startswith("*")
+                bindings[name] = tuple(draw(st.lists(BATCH_SIZES, max_size=2))) if group else draw(BATCH_SIZES)
+    named_dims = {name: value for name, value in bindings.items() if name != "..."}
+    assume(constraints_hold(entry, {**params, **named_dims}, at_construction=False))
+
+    dims: dict[str, tuple[Dim, ...]] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for decl in (*entry.inputs, *entry.outputs):
+        if decl.shape_same_as is not None:
+            dims[decl.name] = dims[decl.shape_same_as]
+        else:
+            dims[decl.name] = expand_pattern(decl.shape, params, bindings, decl.name)
+        if decl.dtype_same_as is not None:
+            dtypes[decl.name] = dtypes[decl.dtype_same_as]
+        elif decl in entry.inputs:
+            dtypes[decl.name] = draw(st.sampled_from(decl.dtypes))
+        else:
+            dtypes[decl.name] = decl.dtypes[0]  # an output declaring a list gets its first dtype
+
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    inputs = {}
+    for decl in entry.inputs:
+        present = not decl.optional or draw(st.booleans())
+        inputs[decl.name] = random_tensor(shape_of(dims[decl.name]), dtypes[decl.name], generator) if present else None
+    outs = {
+        decl.out: torch.empty(shape_of(dims[decl.name]), dtype=dtypes[decl.name])
+        for decl in entry.outputs
+        if decl.out and draw(st.booleans())
+    }
+    positional = draw(st.integers(0, len(entry.inputs)))
+    return GeneratedCall(op_class, given, params, dims, dtypes, inputs, outs, positional)
+
+
+def outputs_of(result: Any, entry: OpEntry) -> tuple:
+    return result if len(entry.outputs) > 1 else (result,)
+
+
+def present_inputs(call: GeneratedCall) -> dict[str, torch.Tensor]:
+    return {name: tensor for name, tensor in call.inputs.items() if tensor is not None}
+
+
+# -- property 1: valid calls succeed with the declared outputs ---------------------------------
+
+
+@pytest.mark.parametrize("op_class", OP_CLASSES, ids=class_name)
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data())
+def test_a_valid_call_returns_the_outputs_the_signature_declares(op_class, data):
+    call = data.draw(valid_calls(op_class), label="call")
+    entry = call.entry
+    op = call.build_op()
+    assert op.params == call.params
+    untouched = {name: tensor.clone() for name, tensor in present_inputs(call).items()}
+    args, kwargs = call.arguments()
+
+    outputs = outputs_of(op(*args, **kwargs), entry)
+
+    expected, _ = reference_outputs(entry, present_inputs(call), call.params)
+    assert len(outputs) == len(entry.outputs) == len(expected)
+    for decl, got, want in zip(entry.outputs, outputs, expected):
+        assert isinstance(got, torch.Tensor), decl.name
+        assert tuple(got.shape) == shape_of(call.dims[decl.name]) == tuple(want.shape), decl.name
+        assert got.dtype == call.dtypes[decl.name] == want.dtype, decl.name
+        assert got.device == want.device, decl.name
+        if decl.out in call.outs:
+            assert got is call.outs[decl.out], f"{decl.name} is not the {decl.out}= buffer passed"
+        if decl.aliases:
+            assert got is call.inputs[decl.aliases], f"{decl.name} is not input {decl.aliases!r} itself"
+        atol, rtol = entry.tolerance[got.dtype]
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)
+    for decl in entry.inputs:
+        if not decl.written and decl.name in untouched:
+            assert torch.equal(call.inputs[decl.name], untouched[decl.name]), f"read-only input {decl.name!r} changed"
+
+
+@pytest.mark.parametrize("op_class", OP_CLASSES, ids=class_name)
+@settings(max_examples=40, deadline=None, database=None)
+@given(data=st.data())
+def test_a_non_contiguous_read_only_input_is_made_contiguous_and_gives_the_same_result(op_class, data):
+    call = dataclasses.replace(data.draw(valid_calls(op_class), label="call"), outs={})
+    read_only = [
+        decl.name for decl in call.entry.inputs
+        if not decl.written and call.inputs[decl.name] is not None and call.inputs[decl.name].numel() > 1
+    ]
+    assume(read_only)
+    chosen = data.draw(st.lists(st.sampled_from(read_only), min_size=1, unique=True), label="non-contiguous")
+    strided = call
+    for name in chosen:
+        strided = strided.with_argument(name, non_contiguous_copy(call.inputs[name]))
+        assert not strided.inputs[name].is_contiguous()
+    op = call.build_op()
+    args, kwargs = call.arguments()
+    strided_args, strided_kwargs = strided.arguments()
+
+    assert op._fast_bind is None or op._fast_bind(*strided_args, **strided_kwargs) is None
+    got = outputs_of(op(*strided_args, **strided_kwargs), call.entry)
+    want = outputs_of(op(*args, **kwargs), call.entry)
+
+    for decl, strided_output, contiguous_output in zip(call.entry.outputs, got, want):
+        assert strided_output.shape == contiguous_output.shape and strided_output.dtype == contiguous_output.dtype
+        torch.testing.assert_close(strided_output, contiguous_output, atol=0, rtol=0, equal_nan=True, msg=decl.name)
+    for name in chosen:
+        assert torch.equal(strided.inputs[name], call.inputs[name]), f"input {name!r} changed"
+
+
+# -- property 2: one corruption is refused, naming the argument ---------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CorruptedCall:
+    """A valid call with one thing wrong, and what the error must say."""
+
+    what: str
+    args: tuple
+    kwargs: dict[str, Any]
+    culprit: str | None  # the argument the message names first; None: it names none
+    reason: str  # a fragment of the message that says what is wrong
+
+
+def corrupted(what: str, call: GeneratedCall, culprit: str | None, reason: str) -> CorruptedCall:
+    args, kwargs = call.arguments()
+    return CorruptedCall(what, args, kwargs, culprit, reason)
+
+
+@st.composite
+def wrong_dtype(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    """An input or out buffer in a dtype the signature refuses for it."""
+    entry = call.entry
+    name = draw(st.sampled_from(call.checked_arguments()), label="argument")
+    decl = entry.input(name) if name in call.inputs else call.output_for(name)
+    if name in call.inputs and decl.dtype_same_as is None:
+        refused = [dtype for dtype in DTYPES.values() if dtype not in decl.dtypes]
+    else:  # same_as another tensor, or an out buffer: any other dtype, the allowed ones first
+        if name in call.inputs:
+            assume(call.inputs[decl.dtype_same_as] is not None)
+        allowed = declared_dtypes(entry, decl)
+        refused = sorted((d for d in DTYPES.values() if d != call.argument_dtype(name)), key=lambda d: d not in allowed)
+    dtype = draw(st.sampled_from(refused), label="dtype")
+    tensor = call.inputs.get(name, call.outs.get(name))
+    return corrupted(f"{name} as {dtype}", call.with_argument(name, tensor.to(dtype)), name, "dtype")
+
+
+def culprit_of_resized_dim(call: GeneratedCall, name: str, position: int) -> str | None:
+    """The argument the reference bind blames when one size of ``name`` changes; None when the
+    call stays valid (a batch size nothing else has to match)."""
+    dims = call.argument_dims(name)
+    source = dims[position].source
+    if source == PINNED or name in call.outs or sum(dim.source == source for dim in dims) > 1:
+        return name
+    order = call.checked_arguments()
+    sharing = [other for other in order if other != name and source in {d.source for d in call.argument_dims(other)}]
+    if any(order.index(other) < order.index(name) for other in sharing):
+        return name  # an earlier tensor bound the size: this one disagrees with it
+    return sharing[0] if sharing else None  # the first later tensor that must match is blamed
+
+
+@st.composite
+def wrong_size(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    """One dimension of one input or out buffer changed to another size."""
+    choices = [
+        (name, position, culprit)
+        for name in call.checked_arguments()
+        for position in range(len(call.argument_dims(name)))
+        if (culprit := culprit_of_resized_dim(call, name, position)) is not None
+    ]
+    assume(choices)
+    name, position, culprit = draw(st.sampled_from(choices), label="dimension")
+    shape = list(shape_of(call.argument_dims(name)))
+    shape[position] = draw(st.integers(0, shape[position] + 2).filter(lambda size: size != shape[position]), label="size")
+    tensor = random_tensor(tuple(shape), call.argument_dtype(name), torch.Generator().manual_seed(0))
+    return corrupted(f"{name} resized to {shape}", call.with_argument(name, tensor), culprit, "shape")
+
+
+@st.composite
+def on_meta_device(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    """One tensor moved to the meta device; moving the first input moves the call's device, so
+    the first other tensor on the CPU is blamed."""
+    entry = call.entry
+    order = call.checked_arguments()
+    first = entry.inputs[0].name
+    on_call_device = [name for name in order if name != first and not (name in call.inputs and entry.input(name).cpu)]
+    targets = [name for name in order if name != first or on_call_device]
+    assume(targets)
+    name = draw(st.sampled_from(targets), label="argument")
+    culprit = on_call_device[0] if name == first else name
+    tensor = call.inputs.get(name, call.outs.get(name))
+    return corrupted(f"{name} on meta", call.with_argument(name, tensor.to("meta")), culprit, "device")
+
+
+@st.composite
+def non_contiguous_out_buffer(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    keyword = draw(st.sampled_from([decl.out for decl in call.entry.outputs if decl.out]), label="buffer")
+    buffer = non_contiguous_copy(torch.empty(shape_of(call.argument_dims(keyword)), dtype=call.argument_dtype(keyword)))
+    assume(not buffer.is_contiguous())  # a tensor of at most one element is always contiguous
+    return corrupted(f"non-contiguous {keyword}=", call.with_argument(keyword, buffer), keyword, "contiguous")
+
+
+@st.composite
+def required_input_missing(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    name = draw(st.sampled_from([decl.name for decl in call.entry.inputs if not decl.optional]), label="input")
+    return corrupted(f"no {name}", call.with_argument(name, None), name, "missing required input")
+
+
+def unexpected_keywords(entry: OpEntry) -> st.SearchStrategy[str]:
+    """Keywords the call does not take: params and output names (likely slips), and made-up names."""
+    taken = {decl.name for decl in entry.inputs} | {decl.out for decl in entry.outputs if decl.out}
+    # 'self' is left to its own test below: it fails before the op's code runs.
+    slips = st.sampled_from([decl.name for decl in entry.params] + [decl.name for decl in entry.outputs])
+    invented = st.lists(st.sampled_from("abcdefghijklmnopqrstuvwxyz_"), min_size=1, max_size=10).map("".join)
+    return (slips | invented).filter(lambda name: name not in taken and name != "self")
+
+
+@st.composite
+def unexpected_keyword(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    keyword = draw(unexpected_keywords(call.entry), label="keyword")
+    args, kwargs = call.arguments()
+    first = call.inputs[call.entry.inputs[0].name]
+    return CorruptedCall(f"{keyword}=", args, {**kwargs, keyword: first.clone()}, keyword, "unexpected argument")
+
+
+@st.composite
+def extra_positional_tensor(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    names = [decl.name for decl in call.entry.inputs]
+    extra = call.inputs[names[0]].clone()
+    args = (*(call.inputs[name] for name in names), extra)
+    return CorruptedCall("one positional tensor too many", args, dict(call.outs), None, f"takes at most {len(names)} positional")
+
+
+@st.composite
+def input_by_position_and_keyword(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    names = [name for name, tensor in call.inputs.items() if tensor is not None]
+    name = draw(st.sampled_from(names), label="input")
+    by_position = dataclasses.replace(call, positional=max(call.positional, list(call.inputs).index(name) + 1))
+    args, kwargs = by_position.arguments()
+    return CorruptedCall(f"{name} twice", args, {**kwargs, name: call.inputs[name]}, name, "both by position and by keyword")
+
+
+@st.composite
+def not_a_tensor(draw: Callable, call: GeneratedCall) -> CorruptedCall:
+    name = draw(st.sampled_from(call.checked_arguments()), label="argument")
+    tensor = call.inputs.get(name, call.outs.get(name))
+    value = draw(st.sampled_from([tensor.tolist(), 1.0, "tensor"]), label="value")
+    return corrupted(f"{name} as {type(value).__name__}", call.with_argument(name, value), name, "expected a torch.Tensor")
+
+
+#: Each builds, from a valid call, a strategy of calls with exactly one thing wrong.
+CORRUPTIONS: dict[str, Callable[[GeneratedCall], st.SearchStrategy[CorruptedCall]]] = {
+    "wrong_dtype": wrong_dtype,
+    "wrong_size": wrong_size,
+    "on_meta_device": on_meta_device,
+    "non_contiguous_out_buffer": non_contiguous_out_buffer,
+    "required_input_missing": required_input_missing,
+    "unexpected_keyword": unexpected_keyword,
+    "extra_positional_tensor": extra_positional_tensor,
+    "input_by_position_and_keyword": input_by_position_and_keyword,
+    "not_a_tensor": not_a_tensor,
+}
+
+
+def corruption_applies(op_class: type[Op], corruption: str) -> bool:
+    entry = op_class.manifest_entry()
+    if corruption == "non_contiguous_out_buffer":
+        return any(decl.out for decl in entry.outputs)
+    return True
+
+
+CORRUPTION_CASES = [
+    pytest.param(op_class, corruption, id=f"{op_class.__name__}-{corruption}")
+    for op_class in OP_CLASSES
+    for corruption in CORRUPTIONS
+    if corruption_applies(op_class, corruption)
+]
+
+QUOTED = re.compile(r"'([^']*)'")
+
+
+@pytest.mark.parametrize(("op_class", "corruption"), CORRUPTION_CASES)
+@settings(max_examples=30, deadline=None, database=None)
+@given(data=st.data())
+def test_one_corruption_is_refused_naming_the_op_and_the_argument(op_class, corruption, data):
+    call = data.draw(valid_calls(op_class), label="call")
+    bad = data.draw(CORRUPTIONS[corruption](call), label="corruption")
+    op = call.build_op()
+
+    with pytest.raises(OpArgumentError) as caught:
+        op(*bad.args, **bad.kwargs)
+
+    message = str(caught.value)
+    assert message.startswith(f"{op_class.__name__}: "), message
+    assert bad.reason in message, message
+    if bad.culprit is not None:
+        named = QUOTED.search(message)
+        assert named is not None and named.group(1) == bad.culprit, f"{bad.what}: expected {bad.culprit!r} named first in {message!r}"
+    try:
+        assert op._fast_bind is None or op._fast_bind(*bad.args, **bad.kwargs) is None, f"the fast path accepted {bad.what}"
+    except TypeError:
+        pass  # Python refused the arguments before the fast path's checks: Op.__call__ falls back too
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Op.__call__(self, *args, **kwargs) also takes self by keyword: op(x, self=t) raises Python's bare "
+    "TypeError ('got multiple values for argument self'), not an OpArgumentError naming the op",
+)
+@pytest.mark.parametrize("op_class", OP_CLASSES, ids=class_name)
+@settings(max_examples=5, deadline=None, database=None)
+@given(data=st.data())
+def test_self_as_an_unexpected_keyword_is_refused_naming_the_op(op_class, data):
+    call = data.draw(valid_calls(op_class), label="call")
+    args, kwargs = call.arguments()
+    with pytest.raises(OpArgumentError, match=rf"^{op_class.__name__}: unexpected argument 'self'"):
+        call.build_op()(*args, **kwargs, self=call.inputs[call.entry.inputs[0].name])
+
+
+# -- property 3: the generated fast path agrees with the reference bind ------------------------
+
+
+@pytest.mark.parametrize("op_class", OP_CLASSES, ids=class_name)
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data())
+def test_the_fast_path_agrees_with_the_reference_bind(op_class, data):
+    call = data.draw(valid_calls(op_class), label="call")
+    op = call.build_op()
+    args, kwargs = call.arguments()
+
+    fast = None if op._fast_bind is None else op._fast_bind(*args, **kwargs)
+    reference = type(op).signature().bind(op.params, args, kwargs)
+
+    event("fast path served" if fast is not None else "fast path declined")
+    if fast is None:
+        return
+    assert tuple(map(tuple, fast.output_shapes)) == tuple(map(tuple, reference.output_shapes))
+    assert fast.output_dtypes == reference.output_dtypes
+    assert fast.outs.keys() == reference.outs.keys()
+    assert all(fast.outs[keyword] is reference.outs[keyword] for keyword in fast.outs)
+    assert fast.device == reference.device
+    assert [id(tensor) for tensor in fast.inputs] == [id(tensor) for tensor in reference.inputs]
