@@ -161,7 +161,7 @@ class Op:
         """The bound target (``BUILTIN`` for the in-tree implementations), or None if unbound."""
         return self._target
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return traced_call(self, args, kwargs)
         signature = self._signature

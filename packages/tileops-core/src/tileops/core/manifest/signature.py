@@ -378,7 +378,7 @@ def _match(pattern, shape: tuple[int, ...], dims: dict, scope: Mapping[str, Any]
                 return f"dimension {cursor} must be {dim}"
             cursor += 1
         elif dim == "..." or dim[0] == "*":
-            name = dim[1:]
+            name = "" if dim == "..." else dim[1:]  # "..." binds nothing
             bound = scope.get(name) if name else None
             if bound is None and name:
                 bound = dims.get(name)
