@@ -69,18 +69,6 @@ _kernel_types: dict[str, dict[str, Registration]] = {}
 _detectors: dict[str, Registration] = {}
 # (op class name, target) -> build_kernel
 _builders: dict[tuple[str, str], Registration] = {}
-_generation = 0  # bumped on every change, so readers can cache derived views
-
-
-def _changed() -> None:
-    global _generation
-    _generation += 1
-
-
-def generation() -> int:
-    return _generation
-
-
 def _check_name(what: str, value: Any, caller: str) -> None:
     if not isinstance(value, str) or not value.isidentifier():
         raise BackendError(f"{caller}: {what} must be a Python identifier string, got {value!r}")
@@ -107,7 +95,6 @@ def register_kernel_type(op: str, key: str, kernel_type: type) -> None:
                 f"({existing.value.__qualname__}, registered by {existing.module}); choose another key"
             )
         _kernel_types.setdefault(op, {})[key] = Registration(kernel_type, module)
-        _changed()
     journal.record(lambda: _remove(_kernel_types.get(op, {}), key))
 
 
@@ -127,7 +114,6 @@ def register_detector(target: str, detect: Callable[[Any], bool]) -> None:
                 f"({describe_callable(detect)}). One backend owns a target: rename one of them"
             )
         _detectors[target] = Registration(detect, module)
-        _changed()
     journal.record(lambda: _remove(_detectors, target))
 
 
@@ -148,7 +134,6 @@ def register_kernel_builder(op: str, target: str, build_kernel: Callable[..., An
                 f"{module} ({describe_callable(build_kernel)})"
             )
         _builders[(op, target)] = Registration(build_kernel, module)
-        _changed()
     journal.record(lambda: _remove(_builders, (op, target)))
 
 
@@ -160,8 +145,7 @@ def _check_target_name(target: Any, caller: str) -> None:
 
 def _remove(table: dict, key: Any) -> None:
     with _lock:
-        if table.pop(key, None) is not None:
-            _changed()
+        table.pop(key, None)
 
 
 def describe_callable(fn: Any) -> str:
@@ -194,7 +178,6 @@ def swap_builder(op: str, target: str, build_kernel: Callable[..., Any]) -> Call
     with _lock:
         existing = _builders[(op, target)]
         _builders[(op, target)] = Registration(build_kernel, existing.module)
-        _changed()
     return existing.value
 
 
