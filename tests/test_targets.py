@@ -242,3 +242,23 @@ def test_the_template_is_found_through_its_entry_point():
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="tileops.backends")}
     assert names.get("acme") == "tileops_acme"
     assert discovery.load_failures() == []
+
+
+def test_request_tune_reaches_the_target_kernels_that_define_it(scoped_registry):
+    asked = []
+
+    class TunableKernel:
+        config = {"block": 128}
+
+        def request_tune(self):
+            asked.append(self)
+
+        def __call__(self, x, weight, *, out=None):
+            return F.rms_norm(x, (8,))
+
+    register_kernel_builder(op="RMSNormFwdOp", target="tunable", build_kernel=lambda *specs, **params: TunableKernel())
+    op = RMSNormFwdOp(8, target="tunable")
+    op(torch.randn(2, 8))
+    op(torch.randn(3, 8))
+    op.request_tune()
+    assert len(asked) == 2 and all(kernel.config == {"block": 128} for kernel in asked)
