@@ -26,6 +26,7 @@ __all__ = [
     "resize_batch",
     "reference_outputs",
     "workload_cases",
+    "workload_elements",
     "workload_inputs",
 ]
 
@@ -42,10 +43,15 @@ class WorkloadCase:
 
     @property
     def elements(self) -> int:
-        return sum(math.prod(shape) for shape in self.workload.shapes.values())
+        return workload_elements(self.workload)
 
     def __repr__(self) -> str:
         return f"WorkloadCase({self.id})"
+
+
+def workload_elements(workload: Workload) -> int:
+    """How many elements all of ``workload``'s inputs hold together."""
+    return sum(math.prod(shape) for shape in workload.shapes.values())
 
 
 def workload_cases(op_classes) -> Iterator[WorkloadCase]:

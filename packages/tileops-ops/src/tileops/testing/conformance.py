@@ -28,7 +28,7 @@ from tileops.core import Op, registry
 from tileops.core.manifest.loader import DTYPES, Workload
 from tileops.ops import FAMILIES
 
-from . import check_empty_write, check_workload, resize_batch
+from . import check_empty_write, check_workload, resize_batch, workload_elements
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,16 +51,6 @@ def _all_ops() -> list[type[Op]]:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _elements(workload: Workload) -> int:
-    total = 0
-    for shape in workload.shapes.values():
-        count = 1
-        for d in shape:
-            count *= d
-        total += count
-    return total
 
 
 @contextlib.contextmanager
@@ -117,7 +107,7 @@ class TargetConformance:
         for op_class in served:
             entry = op_class.manifest_entry()
             for workload in entry.workloads:
-                if self.max_elements is not None and _elements(workload) > self.max_elements:
+                if self.max_elements is not None and workload_elements(workload) > self.max_elements:
                     continue
                 for dtype in workload.dtypes:
                     name = f"{self.target}: {op_class.__name__} {workload.name} {_dtype_name(dtype)}"
