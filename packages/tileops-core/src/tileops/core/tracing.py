@@ -119,6 +119,11 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
             outs[name] = value
         elif name in names:
             inputs[names.index(name)] = value
+        elif any(a.name == name for a in signature.entry.exec_args):
+            raise OpArgumentError(
+                f"{type(op).__name__}: execution argument {name!r} cannot be passed inside torch.compile yet; "
+                "call the op outside the compiled region, or leave the argument at its default"
+            )
         else:
             signature.bind(op.params, args, kwargs)  # raises the precise error
     custom = type(op).__dict__.get("_custom_op")

@@ -97,6 +97,7 @@ class OpEntry:
     inputs: tuple[TensorDecl, ...]
     outputs: tuple[TensorDecl, ...]
     params: tuple[ParamDecl, ...]
+    exec_args: tuple[ParamDecl, ...]  # keyword-only call arguments passed through to implementations
     constraints: tuple[Constraint, ...]
     ref_api: str
     ref_code: Any
@@ -291,7 +292,9 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         {"family", "summary", "signature", "ref_api", "torch_api", "tolerance", "workloads", "roofline"},
         {"family", "summary", "signature", "ref_api", "tolerance", "workloads", "roofline"},
     )
-    sig = _mapping(spec["signature"], where.at("signature"), {"inputs", "outputs", "params", "constraints"}, {"inputs", "outputs"})
+    sig = _mapping(
+        spec["signature"], where.at("signature"), {"inputs", "outputs", "params", "exec_args", "constraints"}, {"inputs", "outputs"}
+    )
 
     params_spec = sig.get("params") or {}
     params = tuple(
@@ -318,6 +321,16 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
     clash = sorted(({t.out for t in outputs.values() if t.out} & (set(inputs) | {p.name for p in params})))
     if clash:
         raise where.at("signature.outputs").error(f"out keyword(s) {', '.join(clash)} clash with an input or param name")
+    exec_args = tuple(
+        _param(name, v, where.at(f"signature.exec_args.{name}"))
+        for name, v in _names(sig.get("exec_args") or {}, where.at("signature.exec_args")).items()
+    )
+    for decl in exec_args:
+        if decl.required:
+            raise where.at(f"signature.exec_args.{decl.name}").error("an execution argument needs a default: callers may omit it")
+        taken = set(inputs) | {p.name for p in params} | {t.out for t in outputs.values() if t.out}
+        if decl.name in taken:
+            raise where.at(f"signature.exec_args.{decl.name}").error("clashes with an input, param or out keyword")
     keywords = [t.out for t in outputs.values() if t.out]
     if len(keywords) != len(set(keywords)):
         raise where.at("signature.outputs").error(f"two outputs share one out keyword: {keywords}")
@@ -404,6 +417,7 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         inputs=tuple(inputs.values()),
         outputs=tuple(outputs.values()),
         params=params,
+        exec_args=exec_args,
         constraints=tuple(constraints),
         ref_api=spec["ref_api"],
         ref_code=ref_code,

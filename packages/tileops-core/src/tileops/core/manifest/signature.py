@@ -21,8 +21,9 @@ from .loader import OpEntry, ParamDecl, TensorDecl
 
 
 class BoundCall:
-    """One checked call: its inputs (read-only ones made contiguous), the caller's output
-    buffers, the call's device, the bound dimensions and the outputs' shapes and dtypes."""
+    """One checked call: its inputs (read-only ones made contiguous), the keywords the caller
+    passed for implementations (output buffers and execution arguments, in ``outs``), the
+    call's device, the bound dimensions and the outputs' shapes and dtypes."""
 
     __slots__ = ("inputs", "outs", "device", "dims", "output_shapes", "output_dtypes")
 
@@ -46,8 +47,8 @@ def _pattern_text(pattern: Sequence[int | str]) -> str:
 class _ParamCheck:
     """Converts and checks one construction argument."""
 
-    def __init__(self, op: str, decl: ParamDecl) -> None:
-        self.op, self.decl = op, decl
+    def __init__(self, op: str, decl: ParamDecl, kind: str = "param") -> None:
+        self.op, self.decl, self.kind = op, decl, kind
 
     def __call__(self, value: Any) -> Any:
         decl = self.decl
@@ -87,7 +88,7 @@ class _ParamCheck:
 
     def _fail(self, expected: str, value: Any):
         raise OpArgumentError(
-            f"{self.op}: param {self.decl.name!r} expected {expected}, got {value!r} ({type(value).__name__})"
+            f"{self.op}: {self.kind} {self.decl.name!r} expected {expected}, got {value!r} ({type(value).__name__})"
         )
 
 
@@ -102,6 +103,7 @@ class Signature:
         self._required_inputs = tuple(t.name for t in entry.inputs if not t.optional)
         self.out_keywords = {t.out: i for i, t in enumerate(entry.outputs) if t.out}
         self._param_checks = {p.name: _ParamCheck(self.op, p) for p in entry.params}
+        self._exec_checks = {a.name: _ParamCheck(self.op, a, "execution argument") for a in entry.exec_args}
         self._first = entry.inputs[0].name
         self._written_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.written)
         self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
@@ -160,7 +162,8 @@ class Signature:
                 f"got {len(args)}"
             )
         values: list[Any] = list(args) + [None] * (n_inputs - len(args))
-        outs: dict[str, torch.Tensor] = {}
+        outs: dict[str, Any] = {}
+        execution: dict[str, Any] = {}
         for name, value in kwargs.items():
             index = self._input_index.get(name)
             if index is not None:
@@ -170,10 +173,13 @@ class Signature:
             elif name in self.out_keywords:
                 if value is not None:
                     outs[name] = value
+            elif name in self._exec_checks:
+                execution[name] = self._exec_checks[name](value)
             else:
                 raise OpArgumentError(
                     f"{self.op}: unexpected argument {name!r}; it takes inputs {', '.join(self.input_names)}"
                     + (f" and output buffers {', '.join(self.out_keywords)}" if self.out_keywords else "")
+                    + (f" and execution arguments {', '.join(self._exec_checks)}" if self._exec_checks else "")
                     + " (params such as eps are given when the op is constructed)"
                 )
 
@@ -216,7 +222,8 @@ class Signature:
         shapes, dtypes = self._output_layout(values, dims, params)
         for keyword, buffer in outs.items():
             self._check_out_buffer(keyword, buffer, shapes, dtypes, device)
-        return BoundCall(tuple(values), outs, device, dims, shapes, dtypes)
+        # Execution arguments travel with the output buffers: both reach implementations as keywords.
+        return BoundCall(tuple(values), {**outs, **execution}, device, dims, shapes, dtypes)
 
     def writes_nothing(self, call: BoundCall) -> bool:
         """True when every tensor the call writes is empty (so no implementation must run)."""
