@@ -247,8 +247,8 @@ def _chart(rows: list[Row], path: str) -> None:
     for offset, (name, values) in enumerate(
         [("TileOPs", [r.ours_us for r in rows]), ("torch eager", [r.eager_us for r in rows]), ("torch.compile", [r.compile_us for r in rows])]
     ):
-        speed = [r.ours_us / v if v else 0 for r, v in zip(rows, values)]
-        axis.bar([p + offset * 0.27 for p in positions], [1 / s if s else 0 for s in speed], width=0.27, label=name)
+        relative = [value / row.ours_us if value else 0 for row, value in zip(rows, values)]
+        axis.bar([p + offset * 0.27 for p in positions], relative, width=0.27, label=name)
     axis.set_xticks([p + 0.27 for p in positions], labels, rotation=90, fontsize=6)
     axis.set_ylabel("time relative to TileOPs")
     axis.legend()
