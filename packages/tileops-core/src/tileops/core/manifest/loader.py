@@ -106,7 +106,6 @@ class OpEntry:
     tolerance: Mapping[torch.dtype, tuple[float, float]]  # dtype -> (atol, rtol)
     workloads: tuple[Workload, ...]
     roofline: Mapping[str, Any]  # "bytes"/"flops" -> code
-    roofline_text: Mapping[str, str]
     source: str
 
     def input(self, name: str) -> TensorDecl:
@@ -426,7 +425,6 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         tolerance=tolerance,
         workloads=tuple(workloads),
         roofline=roofline,
-        roofline_text={k: str(roof[k]) for k in ("bytes", "flops")},
         source=source,
     )
 
