@@ -36,3 +36,31 @@ def run_uv(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     result = subprocess.run([uv, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"uv {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result
+
+
+class _TargetProbe:
+    """Stands in for an op bound to another target, so a generated call path hands over the
+    checked call instead of running anything."""
+
+    _target = "probe"
+    forward = None
+
+    @staticmethod
+    def _run_bound(call):
+        return call
+
+    @staticmethod
+    def _call_declined(*arguments):
+        return None
+
+
+def generated_bind(signature, params, args: tuple = (), kwargs: dict | None = None):
+    """The ``BoundCall`` the generated call path of an op with ``signature`` and ``params``
+    makes of a call, or None where it declines it (a call only the reference binder serves)."""
+    factory = signature.call_path_factory(params, "builtin")
+    if factory is None:
+        return None
+    try:
+        return factory(_TargetProbe())(*args, **(kwargs or {}))
+    except TypeError:  # Python refused the arguments before the path ran: Op.__call__ declines too
+        return None

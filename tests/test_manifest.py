@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import ROOT
+from helpers import ROOT, generated_bind
 from tileops.backend import OpArgumentError
 from tileops.core.errors import ManifestError
 from tileops.core.manifest import Signature
@@ -115,7 +115,7 @@ def test_written_tensors_aliases_and_out_buffers_are_understood():
     acc, x = torch.zeros(2, 3), torch.ones(2, 3)
     call = signature.bind({}, (acc, x), {})
     assert call.output_shapes == ((2, 3), (2,))
-    assert signature.fast_bind({}) is None  # an optional input with its own dtype: the reference binds
+    assert signature.call_path_factory({}, "builtin") is None  # an optional input with its own dtype: the reference binds
     assert not signature.writes_nothing(call)
     with pytest.raises(OpArgumentError, match="'acc' is written in place and must be contiguous"):
         signature.bind({}, (torch.zeros(3, 2).t(), x), {})
@@ -188,13 +188,11 @@ def test_the_fused_op_fills_both_output_buffers():
 
 def test_the_generated_fast_path_agrees_with_the_reference_bind():
     op = FusedAddLayerNormFwdOp((4, 8))
-    fast = op._fast_bind
-    assert fast is not None
     x, r = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)
     w = torch.nn.Parameter(torch.randn(4, 8))
     out = torch.empty(2, 3, 4, 8)
     for args, kwargs in [((x, r), {}), ((x, r, w), {}), ((x, r, None, w), {"out": out}), ((x,), {"residual": r})]:
-        got = fast(*args, **kwargs)
+        got = generated_bind(op.signature(), op.params, args, kwargs)
         want = op.signature().bind(op.params, args, kwargs)
         assert got is not None
         assert [id(t) for t in got.inputs] == [id(t) for t in want.inputs]
@@ -217,7 +215,7 @@ def test_the_fast_path_declines_what_it_does_not_check_exactly(call):
     op = FusedAddLayerNormFwdOp((4, 8))
     x, r, w = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(4, 8)
     args, kwargs = call(x, r, w)
-    assert op._fast_bind(*args, **kwargs) is None
+    assert generated_bind(op.signature(), op.params, args, kwargs) is None
 
 
 def test_the_fast_path_serves_an_output_aliasing_an_input_whose_dtype_follows_another():
@@ -243,7 +241,38 @@ def test_the_fast_path_serves_an_output_aliasing_an_input_whose_dtype_follows_an
     )
     signature = Signature(parse_manifest(text, "t.yaml")["CopyIntoOp"])
     src, dst = torch.ones(4, dtype=torch.float16), torch.zeros(4, dtype=torch.float16)
-    fast = signature.fast_bind({})(src, dst)
+    fast = generated_bind(signature, {}, (src, dst))
     reference = signature.bind({}, (src, dst), {})
     assert fast.output_dtypes == reference.output_dtypes == (torch.float16,)
-    assert signature.fast_bind({})(src, dst.float()) is None
+    assert generated_bind(signature, {}, (src, dst.float())) is None
+
+
+def test_a_type_error_raised_while_the_call_runs_is_not_taken_for_bad_arguments(scoped_registry):
+    from tileops.backend import Kernel, register_kernel_type
+    from tileops.ops.norm import RMSNormFwdInterface
+
+    runs = []
+
+    class Broken(Kernel, RMSNormFwdInterface):
+        devices = frozenset({"cpu"})
+
+        @classmethod
+        def entry_for(cls, call):
+            return call.n, cls
+
+        def forward(self, x, weight):
+            runs.append(x)
+            raise TypeError("a bug inside the kernel")
+
+    register_kernel_type("RMSNormFwdOp", "broken", Broken)
+    op = RMSNormFwdOp(512)  # rows the template backend's kernel refuses
+    with pytest.raises(TypeError, match="^a bug inside the kernel$"):
+        op(torch.randn(2, 512))
+    assert len(runs) == 1  # not run a second time through the reference binder
+
+
+def test_an_input_given_twice_is_an_op_argument_error_on_the_generated_path():
+    op = RMSNormFwdOp(8)
+    x = torch.randn(2, 8)
+    with pytest.raises(OpArgumentError, match="^RMSNormFwdOp: got input 'x' both by position and by keyword$"):
+        op(x, x=x)

@@ -25,6 +25,7 @@ from .discovery import load_backends
 from .errors import BackendError
 from .kernel import CallSpec, Kernel, KernelInterface
 from .manifest import BoundCall, OpEntry, Signature, load_manifest
+from .manifest.fastpath import ABSENT
 from .registry import BUILTIN, describe_callable
 from .selection import InterfaceImplementations, Verdict, check_implementations
 from .targets import TensorSpec, bind_target, check_target_name
@@ -128,7 +129,6 @@ class Op:
         name = cls.__name__
         self._signature = cls.signature()
         self.params: dict[str, Any] = self._signature.bind_params(params)
-        self._fast_bind = self._signature.fast_bind(self.params)
         define_custom_op(cls)
         load_backends()
         self._requested_target = None if target is None else check_target_name(target, f"{name}(target=...)")
@@ -146,6 +146,8 @@ class Op:
         self._target_kernels: dict[tuple, Callable[..., Any]] = {}
         # Held on cache misses only, so that concurrent first calls bind and build once.
         self._miss_lock = threading.RLock()
+        make_call_path = self._signature.call_path_factory(self.params, BUILTIN)
+        self._call_path = None if make_call_path is None else make_call_path(self)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -164,21 +166,40 @@ class Op:
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return traced_call(self, args, kwargs)
+        if self._call_path is None:
+            return self._call_reference(args, kwargs)
+        try:
+            return self._call_path(*args, **kwargs)
+        except TypeError as error:
+            if error.__traceback__.tb_next is not None:
+                raise  # raised while the call ran, not by Python binding its arguments
+            return self._call_reference(args, kwargs)
+
+    def _call_declined(self, inputs: tuple, more: tuple, outs: dict, extra: dict) -> Any:
+        """A call the generated path declined, its arguments as that path received them."""
+        if more:  # every input came by position
+            args, kwargs = inputs + more, {}
+        else:
+            args = ()
+            kwargs = {
+                name: value
+                for name, value in zip(self._signature.input_names, inputs)
+                if value is not None and value is not ABSENT
+            }
+        kwargs.update((keyword, buffer) for keyword, buffer in outs.items() if buffer is not None)
+        kwargs.update(extra)
+        return self._call_reference(args, kwargs)
+
+    def _call_reference(self, args: tuple, kwargs: dict) -> Any:
+        """The reference binder: precise errors, copies of non-contiguous inputs, empty writes."""
         signature = self._signature
-        call = None
-        if self._fast_bind is not None:
-            try:
-                call = self._fast_bind(*args, **kwargs)
-            except TypeError:  # arguments the fast path cannot bind: the reference names them
-                call = None
-        if call is None:
-            # The reference: precise errors, copies of non-contiguous inputs, empty writes.
-            call = signature.bind(self.params, args, kwargs)
-            if signature.writes_nothing(call):
-                return signature.empty_result(call)
+        call = signature.bind(self.params, args, kwargs)
+        if signature.writes_nothing(call):
+            return signature.empty_result(call)
+        return self._run_bound(call)
+
+    def _run_bound(self, call: BoundCall) -> Any:
         target = self._target
-        if target is BUILTIN:
-            return signature.check_result(self.forward(*call.inputs, **call.outs), call, "forward")
         if target is None:
             return self._bind_and_run(call)
         return self._run(target, call)

@@ -1,12 +1,13 @@
-"""The generated fast path of an op's call checks.
+"""The generated call path of an op instance: its checks, dispatch and result checks.
 
-For one op instance (its class's entry and its params), Python source is written once that
-accepts only the common case — every tensor present as declared, a torch.Tensor, contiguous,
-on the call's device, with the declared dtype and shape, output buffers that fit — and returns
-``None`` for anything else, including a call whose written tensors are all empty.
-``Signature.bind`` stays the reference: it handles what the fast path declines (copies
-non-contiguous inputs, builds the precise error, returns an empty call's outputs). So the fast path can
-only ever be stricter, never more lenient, than the reference.
+For one op entry and one set of params, Python source is written once that accepts only the
+common case — every tensor present as declared, a torch.Tensor, contiguous, on the call's
+device, with the declared dtype and shape, output buffers that fit — runs the op's forward (or
+hands the checked call to its target) and checks the result inline. Anything else, including a
+call whose written tensors are all empty, is declined and goes to ``Signature.bind``, the
+reference: it copies non-contiguous inputs, builds the precise error and returns an empty
+call's outputs. So the generated checks can only ever be stricter, never more lenient, than
+the reference. The source is kept on the factory as ``source``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class _Writer:
         return name
 
     def emit(self, line: str, indent: int) -> None:
-        self.lines.append("    " * indent + line)
+        """A line of the call path's body at ``indent`` levels inside its ``while`` block."""
+        self.lines.append("    " * (indent + 2) + line)
 
     def shape_checks(self, decl: TensorDecl, shape_var: str, indent: int) -> None:
         pattern = decl.shape
@@ -53,9 +55,13 @@ class _Writer:
                     free_at = i if free_at is None else free_at
             else:
                 widths.append(1)
+        known = self._known_shape(pattern)
+        if known is not None:  # one tuple comparison instead of a length and an index per entry
+            self.emit(f"if {shape_var} != {self.constant(known)}: break", indent)
+            return
         fixed = sum(w for w in widths if w is not None)
         comparison = "<" if free_at is not None else "!="
-        self.emit(f"if len({shape_var}) {comparison} {fixed}: return None", indent)
+        self.emit(f"if len({shape_var}) {comparison} {fixed}: break", indent)
         # Entries before the free group index from the front, entries after it from the back
         # (negative indices), so no index depends on the call's rank.
         offset = 0
@@ -75,23 +81,37 @@ class _Writer:
             group = f"tuple({shape_var}[{offset}:len({shape_var}) - {back}])"
             self._bind_or_compare(dim[1:], group, indent)
 
+    def _known_shape(self, pattern) -> tuple[int, ...] | None:
+        """The whole shape when params fix every entry of ``pattern``, else None."""
+        known: list[int] = []
+        for dim in pattern:
+            if isinstance(dim, int):
+                known.append(dim)
+            elif dim[0] == "*" and dim[1:] in self.params:
+                known.extend(self.params[dim[1:]])
+            elif dim in self.params:
+                known.append(self.params[dim])
+            else:
+                return None
+        return tuple(known)
+
     def _check_entry(self, dim, shape_var: str, index: int, width: int, indent: int) -> None:
         """Checks of one pattern entry starting at ``index`` (negative: from the end)."""
         if isinstance(dim, int):
-            self.emit(f"if {shape_var}[{index}] != {dim}: return None", indent)
+            self.emit(f"if {shape_var}[{index}] != {dim}: break", indent)
         elif dim[0] == "*":
             # A group bound by a shape param: its sizes are known now, so compare them one by
             # one (ints compare faster than a slice of torch.Size).
             for position, size in enumerate(self.params[dim[1:]]):
-                self.emit(f"if {shape_var}[{index + position}] != {size}: return None", indent)
+                self.emit(f"if {shape_var}[{index + position}] != {size}: break", indent)
         elif dim in self.params:
-            self.emit(f"if {shape_var}[{index}] != {self.constant(self.params[dim])}: return None", indent)
+            self.emit(f"if {shape_var}[{index}] != {self.constant(self.params[dim])}: break", indent)
         else:
             self._bind_or_compare(dim, f"{shape_var}[{index}]", indent)
 
     def _bind_or_compare(self, name: str, value: str, indent: int) -> None:
         if name in self.dims:
-            self.emit(f"if {value} != {self.dims[name]}: return None", indent)
+            self.emit(f"if {value} != {self.dims[name]}: break", indent)
         else:
             local = f"_d_{name}"
             self.emit(f"{local} = {value}", indent)
@@ -115,18 +135,24 @@ class _Writer:
         return f"_t_{decl.dtype_same_as}" if decl.dtype_same_as else self.constant(decl.dtypes[0])
 
 
-_ABSENT = object()
+#: The default of a required input in the generated signature: the caller did not pass it.
+ABSENT = object()
 
 
-def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: type) -> Callable[..., Any]:
-    """A function taking the op's call arguments and returning a ``bound_call`` or None."""
-    w = _Writer(entry, params)
-    arguments = []
-    for decl in entry.inputs:
-        arguments.append(f"{decl.name}={'None' if decl.optional else '_ABSENT'}")
+def compile_call_path(entry: OpEntry, params: Mapping[str, Any], bound_call: type, check_result, builtin: str):
+    """The factory ``make_call_path(op)`` of the call path of an op with ``params``.
+
+    The call path takes the op's call arguments. When every check holds and the op's target is
+    ``builtin`` it runs ``op.forward`` and checks the result inline; for other targets it hands
+    ``op._run_bound`` a ``bound_call``; any call it declines goes, with its arguments, to
+    ``op._call_declined(inputs, more_positional, out_buffers, other_keywords)``.
+    ``check_result(result, call, producer)`` builds the error for a result that does not fit.
+    """
     outs = [t.out for t in entry.outputs if t.out]
-    header = ", ".join(arguments) + (", *, " + ", ".join(f"{o}=None" for o in outs) if outs else "")
-    w.emit(f"def fast_bind({header}):", 0)
+    names = [decl.name for decl in entry.inputs] + outs
+    if any(name.startswith("_") for name in names):
+        raise _Unsupported  # would shadow the generated locals
+    w = _Writer(entry, params)
     first = entry.inputs[0].name
     for decl in entry.inputs:
         t = decl.name
@@ -135,17 +161,17 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
             w.emit(f"if {t} is not None:", 1)
             indent = 2
         else:
-            w.emit(f"if {t} is _ABSENT: return None", 1)
-        w.emit(f"if not isinstance({t}, _Tensor): return None", indent)
+            w.emit(f"if {t} is _ABSENT: break", 1)
+        w.emit(f"if not isinstance({t}, _Tensor): break", indent)
         if decl.dtypes is not None:
             w.emit(f"_t_{t} = {t}.dtype", indent)
-            w.emit(f"if _t_{t} not in {w.constant(frozenset(decl.dtypes))}: return None", indent)
+            w.emit(f"if _t_{t} not in {w.constant(frozenset(decl.dtypes))}: break", indent)
         else:
             ref = decl.dtype_same_as
             ref_optional = entry.input(ref).optional
             guard = f"{ref} is not None and " if ref_optional else ""
             w.emit(f"_t_{t} = {t}.dtype", indent)
-            w.emit(f"if {guard}_t_{t} is not _t_{ref}: return None", indent)
+            w.emit(f"if {guard}_t_{t} is not _t_{ref}: break", indent)
         w.emit(f"_s_{t} = {t}.shape", indent)
         if decl.shape is not None:
             if decl.optional:
@@ -159,14 +185,14 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
         else:
             ref = decl.shape_same_as
             guard = f"{ref} is not None and " if entry.input(ref).optional else ""
-            w.emit(f"if {guard}_s_{t} != _s_{ref}: return None", indent)
+            w.emit(f"if {guard}_s_{t} != _s_{ref}: break", indent)
         if t == first:
             w.emit(f"_dev = {t}.device", indent)
         elif decl.cpu:
-            w.emit(f"if {t}.device.type != 'cpu': return None", indent)
+            w.emit(f"if {t}.device.type != 'cpu': break", indent)
         else:
-            w.emit(f"if {t}.device != _dev: return None", indent)
-        w.emit(f"if not {t}.is_contiguous(): return None", indent)
+            w.emit(f"if {t}.device != _dev: break", indent)
+        w.emit(f"if not {t}.is_contiguous(): break", indent)
     if any(decl.optional and decl.dtypes is not None for decl in entry.inputs):
         raise _Unsupported  # its dtype local would be unbound when the input is absent
     for decl in entry.outputs:
@@ -174,7 +200,13 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
             raise _Unsupported
         if decl.shape_same_as and entry.input(decl.shape_same_as).optional:
             raise _Unsupported
-    shapes = [w.output_shape(decl) for decl in entry.outputs]
+    shapes = []
+    for i, decl in enumerate(entry.outputs):
+        shape = w.output_shape(decl)
+        if not shape.isidentifier():  # computed once, then compared by name
+            w.emit(f"_o{i} = {shape}", 1)
+            shape = f"_o{i}"
+        shapes.append(shape)
     dtypes = [w.output_dtype(decl) for decl in entry.outputs]
     w.emit("_outs = _NO_OUTS", 1)
     for i, decl in enumerate(entry.outputs):
@@ -183,7 +215,7 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
             w.emit(f"if {o} is not None:", 1)
             w.emit(
                 f"if not isinstance({o}, _Tensor) or {o}.shape != {shapes[i]} or {o}.dtype is not {dtypes[i]} "
-                f"or {o}.device != _dev or not {o}.is_contiguous(): return None",
+                f"or {o}.device != _dev or not {o}.is_contiguous(): break",
                 2,
             )
             w.emit(f"_outs = {{**_outs, {o!r}: {o}}}", 2)
@@ -191,47 +223,76 @@ def compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
     written = [f"0 in {shape}" for decl, shape in zip(entry.outputs, shapes) if not decl.aliases]
     written += [f"{decl.name}.numel() == 0" for decl in entry.inputs if decl.written and not decl.optional]
     if written:
-        w.emit(f"if {' and '.join(written)}: return None", 1)
+        w.emit(f"if {' and '.join(written)}: break", 1)
     dims = ("{" + ", ".join(f"{name!r}: {local}" for name, local in w.dims.items()) + "}") if w.dims else "_NO_DIMS"
-    w.emit(f"_dims = {dims}", 1)
     call_constraints = [c for c in entry.constraints if not c.at_construction]
     if call_constraints:
-        w.emit(f"if not _constraints_hold({{**_params, **_dims}}): return None", 1)
-    inputs = "(" + "".join(f"{decl.name}, " for decl in entry.inputs) + ")"
-    w.emit(
-        f"return _BoundCall({inputs}, _outs, _dev, _dims, ({''.join(s + ', ' for s in shapes)}), "
-        f"({''.join(d + ', ' for d in dtypes)}))",
-        1,
+        w.emit(f"if not _constraints_hold({{**_params, **{dims}}}): break", 1)
+    inputs = "".join(f"{decl.name}, " for decl in entry.inputs)
+    bound = (
+        f"_BoundCall(({inputs}), _outs, _dev, {dims}, ({''.join(s + ', ' for s in shapes)}), "
+        f"({''.join(d + ', ' for d in dtypes)}))"
     )
-    source = "\n".join(w.lines)
+    w.emit("if _op._target is not _BUILTIN:", 1)
+    w.emit(f"return _op._run_bound({bound})", 2)
+    w.emit(f"_r = _forward({inputs}) if _outs is _NO_OUTS else _forward({inputs}**_outs)", 1)
+    if len(entry.outputs) == 1:
+        w.emit(f"if isinstance(_r, _Tensor) and _r.shape == {shapes[0]} and _r.dtype is {dtypes[0]}: return _r", 1)
+    else:
+        items = [f"_r{i}" for i in range(len(entry.outputs))]
+        w.emit(f"if type(_r) is tuple and len(_r) == {len(items)}:", 1)
+        w.emit(f"{', '.join(items)}, = _r", 2)
+        fits = " and ".join(
+            f"isinstance({r}, _Tensor) and {r}.shape == {shape} and {r}.dtype is {dtype}"
+            for r, shape, dtype in zip(items, shapes, dtypes)
+        )
+        w.emit(f"if {fits}: return _r", 2)
+    w.emit(f"return _check_result(_r, {bound}, 'forward')", 1)
+
+    out_keywords = "{" + ", ".join(f"{o!r}: {o}" for o in outs) + "}"
+    header = ", ".join(f"{decl.name}={'None' if decl.optional else '_ABSENT'}" for decl in entry.inputs)
+    header += ", *_more" + "".join(f", {o}=None" for o in outs) + ", **_extra"
+    source = "\n".join(
+        [
+            "def make_call_path(_op):",
+            "    _forward = _op.forward",
+            f"    def call_path({header}):",
+            "        while not (_more or _extra):",
+            *w.lines,
+            f"        return _op._call_declined(({inputs}), _more, {out_keywords}, _extra)",
+            "    return call_path",
+        ]
+    )
 
     def constraints_hold(namespace: dict) -> bool:
         return all(evaluate(c.code, namespace) for c in call_constraints)
 
     namespace = {
-        "_ABSENT": _ABSENT,
+        "_ABSENT": ABSENT,
+        "_BUILTIN": builtin,
         "_Tensor": torch.Tensor,
         "torch": torch,
         "_BoundCall": bound_call,
+        "_check_result": check_result,
         "_params": dict(params),
         "_NO_OUTS": MappingProxyType({}),
         "_NO_DIMS": MappingProxyType({}),
         "_constraints_hold": constraints_hold,
         **w.constants,
     }
-    exec(compile(source, f"<fast bind of {entry.name}>", "exec"), namespace)  # noqa: S102 - our own source
-    fast_bind = namespace["fast_bind"]
-    fast_bind.source = source
-    return fast_bind
+    exec(compile(source, f"<call path of {entry.name}>", "exec"), namespace)  # noqa: S102 - our own source
+    make_call_path = namespace["make_call_path"]
+    make_call_path.source = source
+    return make_call_path
 
 
 class _Unsupported(Exception):
     """The entry uses a feature the fast path does not generate; the reference bind serves it."""
 
 
-def try_compile_fast_bind(entry: OpEntry, params: Mapping[str, Any], bound_call: type):
-    """``compile_fast_bind``, or None where the entry needs the reference bind for every call."""
+def try_compile_call_path(entry: OpEntry, params: Mapping[str, Any], bound_call: type, check_result, builtin: str):
+    """``compile_call_path``, or None where the entry needs the reference bind for every call."""
     try:
-        return compile_fast_bind(entry, params, bound_call)
+        return compile_call_path(entry, params, bound_call, check_result, builtin)
     except _Unsupported:
         return None

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import OpArgumentError
 from .expressions import evaluate
-from .fastpath import try_compile_fast_bind
+from .fastpath import try_compile_call_path
 from .loader import OpEntry, ParamDecl, TensorDecl
 
 
@@ -108,7 +108,7 @@ class Signature:
         self._written_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.written)
         self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
         self._single_output = len(entry.outputs) == 1
-        self._fast_binds: dict[tuple, Any] = {}
+        self._call_path_factories: dict[tuple, Any] = {}
         self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
             t.name for t in entry.outputs if not t.aliases
         )
@@ -136,18 +136,19 @@ class Signature:
                 raise OpArgumentError(f"{self.op}: {constraint.message} (params: {shown}; rule: {constraint.text})")
         return params
 
-    def fast_bind(self, params: Mapping[str, Any]):
-        """The generated fast path for an instance with ``params`` (see fastpath.py), or None.
+    def call_path_factory(self, params: Mapping[str, Any], builtin: str):
+        """The factory of the generated call path for an instance with ``params`` (see
+        fastpath.py), or None where every call takes the reference bind.
 
-        Generated once per distinct params and shared by every instance that has them.
+        Generated once per distinct params; each instance makes its own call path from it.
         """
         key = tuple(params.items())
         try:
-            return self._fast_binds[key]
+            return self._call_path_factories[key]
         except KeyError:
-            fast = try_compile_fast_bind(self.entry, params, BoundCall)
-            self._fast_binds[key] = fast
-            return fast
+            factory = try_compile_call_path(self.entry, params, BoundCall, self.check_result, builtin)
+            self._call_path_factories[key] = factory
+            return factory
         except TypeError:  # params that cannot key a cache: the reference bind serves
             return None
 

@@ -37,31 +37,14 @@ def _cuda(kind: str, class_prefix: str) -> dict[str, str]:
 _ALIGNMENT = 16  # bytes; vectorised kernels load 16 bytes per thread
 
 
-def _aligned(*tensors: torch.Tensor | None) -> bool:
+def _aligned(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
     # A plain loop: this runs on every call, and a generator costs a microsecond here.
-    for tensor in tensors:
+    if x.data_ptr() % _ALIGNMENT:
+        return False
+    for tensor in others:
         if tensor is not None and tensor.data_ptr() % _ALIGNMENT:
             return False
     return True
-
-
-def _rows(tensor: torch.Tensor, n: int) -> torch.Tensor:
-    """``tensor`` as the (m, n) rows kernels take (no view needed for the common 2-D input)."""
-    return tensor if tensor.dim() == 2 and tensor.shape[1] == n else tensor.view(-1, n)
-
-
-def _flat(tensor: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    """A weight or bias of shape normalized_shape as the (n,) vector kernels take."""
-    return tensor if tensor is None or tensor.dim() == 1 else tensor.view(n)
-
-
-def _deliver(result: torch.Tensor, shape: torch.Size, out: torch.Tensor | None) -> torch.Tensor:
-    if result.shape != shape:
-        result = result.view(shape)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
 
 
 class _NormOp(Op):
@@ -70,6 +53,9 @@ class _NormOp(Op):
     def __init__(self, *, target: str | None, **params: Any) -> None:
         super().__init__(target=target, **params)
         self.n = math.prod(self.params["normalized_shape"])
+        # With a 1-D normalized_shape a 2-D input is already the (m, n) rows kernels take, and
+        # weight and bias are already (n,): the common call reshapes nothing.
+        self._one_dim = len(self.params["normalized_shape"]) == 1
         given = self.params["eps"]
         # Resolved once for every dtype x may have, so a call reads it with one lookup.
         self._eps = {
@@ -80,6 +66,24 @@ class _NormOp(Op):
     def eps_for(self, dtype: torch.dtype) -> float:
         """The eps a call in ``dtype`` uses: the given one, else torch's default for dtype."""
         return self._eps[dtype]
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as the (m, n) rows kernels take."""
+        return x if self._one_dim and x.dim() == 2 else x.view(-1, self.n)
+
+    def _vector(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """A weight or bias of shape normalized_shape as the (n,) vector kernels take."""
+        return tensor if self._one_dim or tensor is None else tensor.view(self.n)
+
+    @staticmethod
+    def _deliver(result: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None):
+        """The kernel's (m, n) ``result`` in the caller's shape, written to ``out`` if given."""
+        if rows is not x:
+            result = result.view(x.shape)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
 
 
 class RMSNormFwdOp(_NormOp):
@@ -97,12 +101,13 @@ class RMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, *, out=None):
-        n = self.n
+        dtype = x.dtype
         kernel = self.kernel_for(
-            RMSNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None, False, _aligned(x, weight)
+            RMSNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None, False,
+            _aligned(x, weight),
         )
-        y = kernel.forward(_rows(x, n), _flat(weight, n))
-        return _deliver(y, x.shape, out)
+        rows = self._rows(x)
+        return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
 
 
 class LayerNormFwdOp(_NormOp):
@@ -120,13 +125,13 @@ class LayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, bias=None, *, out=None):
-        n = self.n
+        dtype = x.dtype
         kernel = self.kernel_for(
-            LayerNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None, bias is not None,
+            LayerNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None, bias is not None,
             _aligned(x, weight, bias),
         )
-        y = kernel.forward(_rows(x, n), _flat(weight, n), _flat(bias, n))
-        return _deliver(y, x.shape, out)
+        rows = self._rows(x)
+        return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
 
 
 class FusedAddRMSNormFwdOp(_NormOp):
@@ -145,13 +150,14 @@ class FusedAddRMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
-        n = self.n
+        dtype = x.dtype
         kernel = self.kernel_for(
-            FusedAddRMSNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None, False,
+            FusedAddRMSNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None, False,
             _aligned(x, residual, weight),
         )
-        y, total = kernel.forward(_rows(x, n), _rows(residual, n), _flat(weight, n))
-        return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)
+        rows = self._rows(x)
+        y, total = kernel.forward(rows, self._rows(residual), self._vector(weight))
+        return self._deliver(y, x, rows, out), self._deliver(total, x, rows, residual_out)
 
 
 class FusedAddLayerNormFwdOp(_NormOp):
@@ -170,10 +176,11 @@ class FusedAddLayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
-        n = self.n
+        dtype = x.dtype
         kernel = self.kernel_for(
-            FusedAddLayerNormFwdInterface, x.device, n, x.dtype, self._eps[x.dtype], weight is not None,
+            FusedAddLayerNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None,
             bias is not None, _aligned(x, residual, weight, bias),
         )
-        y, total = kernel.forward(_rows(x, n), _rows(residual, n), _flat(weight, n), _flat(bias, n))
-        return _deliver(y, x.shape, out), _deliver(total, x.shape, residual_out)
+        rows = self._rows(x)
+        y, total = kernel.forward(rows, self._rows(residual), self._vector(weight), self._vector(bias))
+        return self._deliver(y, x, rows, out), self._deliver(total, x, rows, residual_out)
