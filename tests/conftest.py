@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from tileops.core.discovery import load_backends
 from tileops.core.registry import journal
+
+# Tuned kernel configurations go to a folder of the test session's own, never the user's cache.
+os.environ["TILEOPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="tileops-test-cache-")
 
 
 @pytest.fixture(scope="session")

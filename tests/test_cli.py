@@ -406,3 +406,36 @@ def test_overhead_measures_the_op_layer_against_the_kernel_and_leaves_no_registr
     from tileops.core import registry
 
     assert "overhead_probe" not in registry.kernel_types("RMSNormFwdOp")
+
+
+def test_check_reports_a_registration_for_an_op_name_no_class_has(capsys, scoped_registry):
+    from tileops.backend import Kernel, register_kernel_type
+    from tileops.ops.norm import RMSNormFwdInterface
+
+    class Misspelt(Kernel, RMSNormFwdInterface):
+        @classmethod
+        def entry_for(cls, call):
+            return call.n, cls
+
+        def forward(self, x, weight):
+            return x
+
+    register_kernel_type("RMSNormFwOp", "misspelt", Misspelt)
+    code, out = run_cli(capsys, "check")
+    assert code == 1
+    assert (
+        f"FAIL  {__name__} registered a kernel type 'misspelt' for 'RMSNormFwOp', which no op class is "
+        "called; did you mean 'RMSNormFwdOp'?"
+    ) in out
+    _, result = run_json(capsys, "check")
+    assert result["ok"] is False and len(result["registrations"]) == 1
+
+
+def test_check_reports_a_workload_its_own_signature_refuses(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    good = "    - {name: decode-1, shapes: {x: [1, 4096], weight: [4096]},"
+    assert good in _shipped_manifest_text()
+    bad.write_text(_shipped_manifest_text().replace(good, "    - {name: decode-1, shapes: {x: [1, 4096], weight: [4095]},", 1))
+    code, out = run_cli(capsys, "check", "--manifest", str(bad))
+    assert code == 1
+    assert "FAIL  RMSNormFwdOp: workload 'decode-1': RMSNormFwdOp: argument 'weight'" in out, out

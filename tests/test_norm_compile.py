@@ -47,3 +47,28 @@ def test_the_kernel_compiles_for_sm90(kind, variant, n, dtype, tmp_path):
     result = run_python(SCRIPT.format(case=case), env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.splitlines()[-1].startswith(f"compiled {kind} {variant} {n} "), result.stdout[-2000:]
+
+
+LOWER_CANDIDATES = """
+import torch, tilelang
+from tvm.target import Target
+target = Target({"kind": "cuda", "arch": "sm_90"})
+from tileops.kernels.cuda.norm import programs
+shapes = [("rms_norm", "register", 4096), ("layer_norm", "register", 256), ("add_layer_norm", "shared", 1000),
+          ("add_rms_norm", "streamed", 65536), ("layer_norm", "scalar", 1001)]
+count = 0
+for kind, variant, n in shapes:
+    has_bias = kind.endswith("layer_norm")
+    for config in programs.tuning_candidates(kind, variant, n, torch.bfloat16):
+        program = programs.make_program(kind, n, torch.bfloat16, 1e-5, True, has_bias, **config)
+        with target:
+            tilelang.lower(program, target=target)
+        count += 1
+print("lowered", count)
+"""
+
+
+def test_every_tuning_candidate_lowers_for_sm90(tmp_path):
+    result = run_python(LOWER_CANDIDATES, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert int(result.stdout.split()[-1]) > 40, result.stdout

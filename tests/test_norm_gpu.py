@@ -91,3 +91,33 @@ def test_calls_capture_in_a_cuda_graph_after_one_warm_up():
     torch.cuda.synchronize()
     torch.testing.assert_close(total, x + r, atol=0, rtol=0)
     torch.testing.assert_close(y, _reference_rms_norm(x + r, w), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_request_tune_times_candidates_once_keeps_the_result_correct_and_shows_the_config(capfd):
+    # A shape no other test builds, so this process has not tuned it yet.
+    n, rows = 1000, 1536
+    op = FusedAddLayerNormFwdOp(n)
+    x, r = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16), torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    op(x, r, w, b)
+    ((key, kernel),) = op.built_kernels()
+    default = dict(kernel.config)
+    assert default["variant"] in ("register", "shared") and {"tpr", "rows", "vec"} <= default.keys()
+    assert "tuning" not in capfd.readouterr().err  # never tunes unless asked
+
+    op.request_tune()
+    y, total = op(x, r, w, b)
+    err = capfd.readouterr().err
+    assert "tuning FusedAddLayerNorm" in err and "chose {" in err, err
+    torch.testing.assert_close(total, x + r, atol=0, rtol=0)
+    torch.testing.assert_close(y, _reference_layer_norm(x + r, w, b), atol=1.6e-2, rtol=1.6e-2)
+    tuned = dict(kernel.config)
+    assert tuned["variant"] == default["variant"]
+
+    other = FusedAddLayerNormFwdOp(n)  # same build identity: starts with the tuned configuration
+    other(x, r, w, b)
+    ((_, other_kernel),) = other.built_kernels()
+    assert other_kernel.config == tuned
+    other.request_tune()
+    other(x, r, w, b)
+    assert "tuning" not in capfd.readouterr().err  # tuned once per identity

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import statistics
 import sys
 import time
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from tileops.core.manifest.expressions import evaluate
 from tileops.core.manifest.loader import Workload
+from tileops.core.timing import gpu_time_us as graph_replay_time_us
 from tileops.ops import FAMILIES
 from tileops.testing import workload_inputs
 
@@ -54,26 +56,7 @@ class Row:
 
 def gpu_time_us(fn: Callable[[], Any]) -> float:
     """Median GPU time of one call of ``fn``, by CUDA-graph replay (see the module docstring)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
-    return statistics.median(times)
+    return graph_replay_time_us(fn, calls=CALLS, replays=REPLAYS)
 
 
 def call_time_us(fn: Callable[[], Any], iterations: int = 300) -> float:
@@ -127,11 +110,14 @@ def _roofline_bytes(entry, inputs: dict, outputs: tuple, params: dict) -> int:
     return int(evaluate(entry.roofline["bytes"], namespace))
 
 
-def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_compile: bool) -> Row:
+def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_compile: bool, tune: bool = False) -> Row:
     entry = op_class.manifest_entry()
     op = op_class(**workload.params)
     inputs = workload_inputs(entry, workload, dtype, "cuda")
     result = op(**inputs)
+    if tune:
+        op.request_tune()
+        result = op(**inputs)
     outputs = result if isinstance(result, tuple) else (result,)
     ours = gpu_time_us(lambda: op(**inputs))
     eager = compiled_us = None
@@ -203,6 +189,31 @@ def table(rows: list[Row], copy_tb_s: float) -> str:
     return "\n".join(lines)
 
 
+def geometric_means(rows: list[Row]) -> dict[str, dict[str, float | int]]:
+    """Per baseline: the geometric mean of its time over ours (above 1: TileOPs is faster),
+    over the rows that have it, with the count and the number of rows where ours is slower."""
+    means = {}
+    for baseline in ("eager", "compile"):
+        ratios = [getattr(r, f"{baseline}_us") / r.ours_us for r in rows if getattr(r, f"{baseline}_us")]
+        if ratios:
+            means[baseline] = {
+                "ratio": math.exp(statistics.fmean(math.log(ratio) for ratio in ratios)),
+                "workloads": len(ratios),
+                "slower": sum(ratio < 1 for ratio in ratios),
+            }
+    return means
+
+
+def summary(means: dict[str, dict[str, float | int]]) -> str:
+    names = {"eager": "torch eager", "compile": "torch.compile"}
+    parts = [
+        f"{mean['ratio']:.2f}x {names[baseline]} over {mean['workloads']} workloads "
+        f"(TileOPs slower on {mean['slower']})"
+        for baseline, mean in means.items()
+    ]
+    return "geometric mean of GPU-time ratios: " + ("; ".join(parts) if parts else "no baseline ran")
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
         print("tileops bench needs a CUDA device: the benchmarks time GPU kernels by CUDA-graph replay", file=sys.stderr)
@@ -215,10 +226,11 @@ def run(args) -> int:
     rows = []
     for index, (op_class, workload, dtype) in enumerate(cases, 1):
         print(f"\r[{index}/{len(cases)}] {op_class.__name__} {workload.name} ...".ljust(70), end="", file=sys.stderr, flush=True)
-        rows.append(bench_workload(op_class, workload, dtype, with_compile=not args.no_compile))
+        rows.append(bench_workload(op_class, workload, dtype, with_compile=not args.no_compile, tune=args.tune))
     print(file=sys.stderr)
+    means = geometric_means(rows)
     if args.json:
-        print(json.dumps({"copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
+        print(json.dumps({"copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows], "geomean": means}, indent=2))
     elif args.csv:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=[f.name for f in dataclasses.fields(Row)])
@@ -227,6 +239,7 @@ def run(args) -> int:
         print(buffer.getvalue(), end="")
     else:
         print(table(rows, copy_tb_s))
+        print(summary(means))
     if args.png:
         _chart(rows, args.png)
     return 0
@@ -272,6 +285,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workload", action="append", help="only these manifest workloads (repeatable)")
     parser.add_argument("--dtype", action="append", help="only these dtypes (default: each workload's first)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles each workload)")
+    parser.add_argument("--tune", action="store_true", help="tune each kernel's launch configuration before timing it")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the results as JSON")
     output.add_argument("--csv", action="store_true", help="print the results as CSV")

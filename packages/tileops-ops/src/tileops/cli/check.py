@@ -3,20 +3,28 @@
 Without arguments it loads every manifest file ``tileops.ops`` ships, strictly, and checks
 each op class against its entry: the constructor's params (names, order, defaults, keyword
 use) and the family ``tileops.ops.FAMILIES`` lists it under; an entry no class implements is
-a problem too. With ``--manifest`` it validates the given files alone. The errors are the
-loader's own, naming the file, the op and the field.
+a problem too, and so is a workload whose shapes, dtypes or params the entry's own signature
+refuses, and a backend's registration (kernel type or kernel builder) for an op
+name no class has, which would otherwise never be used and never be reported. With
+``--manifest`` it validates the given files alone. The errors are the loader's own, naming the
+file, the op and the field.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from tileops.core import registry
+from tileops.core.discovery import load_backends
 from tileops.core.errors import TileOpsError
-from tileops.core.manifest import OpEntry
+from tileops.core.manifest import OpEntry, Signature
 from tileops.core.manifest.loader import parse_manifest
 from tileops.core.op import Op, constructor_mismatch
 from tileops.ops import FAMILIES
@@ -72,15 +80,45 @@ def check_files(paths: Iterable[Any], *, against_op_classes: bool) -> dict[str, 
         file_entries, error = _load(path)
         checked_files.append({"file": str(path), "ops": sorted(file_entries), "error": error})
         declared.extend(file_entries.values())
+    registrations: list[str] = []
     if against_op_classes:
         ops = _check_op_classes(declared)
+        registrations = _registrations_for_unknown_ops({op["op"] for op in ops if op["op"] in _class_names()})
     else:
-        ops = [_op_result(entry.name, entry.family, entry.source, []) for entry in declared]
+        ops = [_op_result(entry.name, entry.family, entry.source, _workload_problems(entry)) for entry in declared]
     return {
-        "ok": not any(f["error"] for f in checked_files) and not any(op["problems"] for op in ops),
+        "ok": not any(f["error"] for f in checked_files)
+        and not any(op["problems"] for op in ops)
+        and not registrations,
         "files": checked_files,
         "ops": ops,
+        "registrations": registrations,
     }
+
+
+def _class_names() -> set[str]:
+    return {op_class.__name__ for op_classes in FAMILIES.values() for op_class in op_classes}
+
+
+def _registrations_for_unknown_ops(op_names: set[str]) -> list[str]:
+    """A problem for every installed backend's registration that names no op class."""
+    load_backends()
+    registered = [
+        (op, f"kernel type {key!r}", registration.module)
+        for op, keys in registry.all_kernel_types().items()
+        for key, registration in keys.items()
+    ]
+    registered += [
+        (op, f"kernel builder for target {target!r}", registration.module)
+        for (op, target), registration in registry.all_builders().items()
+    ]
+    problems = []
+    for op, what, module in sorted(registered):
+        if op not in op_names:
+            close = difflib.get_close_matches(op, op_names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; the ops are {', '.join(sorted(op_names))}"
+            problems.append(f"{module} registered a {what} for {op!r}, which no op class is called{hint}")
+    return problems
 
 
 def _op_result(op: str, family: str, file: str, problems: list[str]) -> dict[str, Any]:
@@ -113,11 +151,31 @@ def _problems(op_class: type[Op], family: str) -> list[str]:
         declared_family = op_class.manifest_entry().family
     except TileOpsError as error:  # its manifest file does not load, or holds no entry for it
         return [str(error)]
+    problems.extend(_workload_problems(op_class.manifest_entry()))
     if declared_family != family:
         problems.append(
             f"tileops.ops.FAMILIES lists {op_class.__name__} under {family!r}, its manifest entry "
             f"says family {declared_family!r}"
         )
+    return problems
+
+
+def _workload_problems(entry: OpEntry) -> list[str]:
+    """Every workload the entry's signature refuses, with the signature's own error. The
+    tensors are shapes only (the meta device; CPU where an input is declared on the CPU)."""
+    signature = Signature(entry)
+    problems = []
+    for workload in entry.workloads:
+        try:
+            params = signature.bind_params(workload.params)
+            for dtype in workload.dtypes:
+                tensors = {
+                    name: torch.empty(shape, dtype=dtype, device="cpu" if entry.input(name).cpu else "meta")
+                    for name, shape in workload.shapes.items()
+                }
+                signature.bind(params, (), tensors)
+        except TileOpsError as error:
+            problems.append(f"workload {workload.name!r}: {error}")
     return problems
 
 
@@ -135,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _text(result: dict[str, Any]) -> list[str]:
     lines = [f"FAIL  {f['error']}" for f in result["files"] if f["error"]]
+    lines += [f"FAIL  {problem}" for problem in result["registrations"]]
     for op in result["ops"]:
         if op["problems"]:
             lines.append(f"FAIL  {op['op']}: {'; '.join(op['problems'])}")
@@ -144,6 +203,11 @@ def _text(result: dict[str, Any]) -> list[str]:
     failed_files = sum(1 for f in result["files"] if f["error"])
     lines.append(
         f"{len(result['files'])} manifest file(s), {len(result['ops'])} op(s): "
-        + ("all OK" if result["ok"] else f"{failed_files} file(s) do not load, {failed_ops} op(s) have problems")
+        + (
+            "all OK"
+            if result["ok"]
+            else f"{failed_files} file(s) do not load, {failed_ops} op(s) have problems, "
+            f"{len(result['registrations'])} registration(s) name no op"
+        )
     )
     return lines

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from tileops.backend import Kernel
+from tileops.core.device_facts import facts_for
 from tileops.ops.norm import (
     FusedAddLayerNormFwdInterface,
     FusedAddRMSNormFwdInterface,
@@ -25,7 +26,7 @@ from tileops.ops.norm import (
     RMSNormFwdInterface,
 )
 
-from . import programs
+from . import programs, tuning
 from ..device import compile_target, launcher
 
 
@@ -39,13 +40,19 @@ class _TileLangNorm(Kernel):
         super().__init__()
         self.device = call.device
         self._device_index = call.device.index
-        self._kernel = launcher(
-            programs.build(
-                self.kind, self.variant, call.n, call.dtype, call.eps,
-                has_weight=call.has_weight, has_bias=call.has_bias, target=compile_target(call.device),
-            )
-        )
-        self.config = {"variant": self.variant}
+        self._target = compile_target(call.device)
+        self._shape = (call.n, call.dtype, call.eps, call.has_weight, call.has_bias)
+        self._tuning_key = (facts_for(call.device).name, self._target["arch"], self.kind, self.variant, *self._shape)
+        self._tune_pending = False
+        tuned = tuning.chosen(self._tuning_key)
+        self._use(programs.launch_config(self.kind, self.variant, call.n, call.dtype) if tuned is None else tuned)
+
+    def _use(self, config: dict[str, Any]) -> None:
+        self._kernel = self._compile(config)
+        self.config = {"variant": self.variant, **config}
+
+    def _compile(self, config: dict[str, Any]):
+        return launcher(programs.compile_config(self.kind, *self._shape, self._target, **config))
 
     @classmethod
     def refusal(cls, call: NormCall) -> str | None:
@@ -56,14 +63,42 @@ class _TileLangNorm(Kernel):
         identity = (call.device, call.n, call.dtype, call.eps, call.has_weight, call.has_bias)
         return identity, lambda: cls(call)
 
+    def request_tune(self) -> None:
+        """Time the neighbouring launch configurations on the next call, keep the fastest.
+
+        Tuning happens once per build identity and GPU model on a machine (see ``tuning``): a
+        kernel built later for the same identity, in this process or another, starts with the
+        chosen configuration, and a request on an identity already tuned changes nothing.
+        """
+        self._tune_pending = tuning.chosen(self._tuning_key) is None
+
     def _run(self, *tensors: torch.Tensor) -> None:
         # TileLang launches in the current device's context and stream: make that this
         # kernel's device when a call on another GPU than the current one arrives.
         if torch.cuda.current_device() == self._device_index:
+            if self._tune_pending:
+                self._tune(tensors)
             self._kernel(*tensors)
         else:
             with torch.cuda.device(self._device_index):
+                if self._tune_pending:
+                    self._tune(tensors)
                 self._kernel(*tensors)
+
+    def _tune(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        if torch.cuda.is_current_stream_capturing():
+            return  # a graph being captured must not see the trial launches; tune after
+        n, dtype = self._shape[:2]
+        what = f"{type(self).__name__} n={n} {str(dtype).removeprefix('torch.')} on {tensors[0].shape[0]} rows"
+        config = tuning.tune(
+            self._tuning_key,
+            programs.tuning_candidates(self.kind, self.variant, n, dtype),
+            lambda candidate: self._compile(candidate),
+            tensors,
+            what,
+        )
+        self._use(config)
+        self._tune_pending = False
 
     def _launch(self, x: torch.Tensor, *tensors: Any) -> torch.Tensor:
         y = torch.empty_like(x)

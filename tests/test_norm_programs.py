@@ -1,0 +1,144 @@
+"""The norm kernels' launch configurations, tuning candidates and the store of tuned
+configurations (pure Python: no tilelang, no GPU)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import run_python
+from tileops.kernels.cuda.norm import programs
+
+SHAPES = [
+    ("rms_norm", "register", 4096, torch.bfloat16),
+    ("layer_norm", "register", 256, torch.float16),
+    ("add_layer_norm", "shared", 1000, torch.bfloat16),
+    ("rms_norm", "shared", 65536, torch.bfloat16),
+    ("layer_norm", "shared", 32768, torch.float32),
+    ("add_rms_norm", "streamed", 100000, torch.bfloat16),
+    ("layer_norm", "scalar", 1001, torch.float32),
+]
+
+
+@pytest.mark.parametrize(("kind", "variant", "n", "dtype"), SHAPES)
+def test_tuning_candidates_start_with_the_default_and_fit_the_block(kind, variant, n, dtype):
+    candidates = programs.tuning_candidates(kind, variant, n, dtype)
+    assert candidates[0] == programs.launch_config(kind, variant, n, dtype)
+    assert len(candidates) == len({tuple(sorted(c.items())) for c in candidates})  # no config twice
+    for config in candidates:
+        assert config["tpr"] & (config["tpr"] - 1) == 0 and config["tpr"] * config["rows"] <= 1024, config
+        assert config["mode"] == candidates[0]["mode"] and config["vec"] == candidates[0]["vec"], config
+        if config["mode"] == "shared":  # the rows a block parks must fit the shared memory the variant uses
+            per_thread = -(-(n // config["vec"]) // config["tpr"])
+            assert per_thread * config["tpr"] * config["rows"] * config["vec"] * dtype.itemsize <= 128 * 1024, config
+        if config["mode"] == "register":
+            assert config["tpr"] <= 256, config
+
+
+def test_longer_rows_than_fit_a_block_twice_get_one_row_per_block_in_shared_mode():
+    for config in programs.tuning_candidates("rms_norm", "shared", 65536, torch.bfloat16):
+        assert config["rows"] == 1, config
+
+
+# -- tuned configurations persist per machine -------------------------------------------------
+
+KEY = ("NVIDIA H200", "sm_90", "rms_norm", "register", 1000, "torch.bfloat16", 1e-6, True, False)
+
+
+def _python(code: str, cache: Path):
+    return run_python(code, env={"TILEOPS_CACHE_DIR": str(cache)})
+
+
+def test_a_tuned_configuration_is_found_by_a_later_process(tmp_path):
+    config = {"vec": 8, "tpr": 32, "rows": 16, "mode": "register", "unroll": 4, "preload": True}
+    stored = _python(
+        f"from tileops.kernels.cuda.norm import tuning\ntuning.remember({KEY!r}, {config!r})\nprint(tuning.store_path())",
+        tmp_path,
+    )
+    assert stored.returncode == 0, stored.stderr
+    assert Path(stored.stdout.strip()).parent == tmp_path
+    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))", tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert ast.literal_eval(found.stdout.strip()) == config
+    other_gpu = ("NVIDIA H100",) + KEY[1:]
+    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({other_gpu!r}))", tmp_path)
+    assert found.stdout.strip() == "None"
+
+
+def test_an_unreadable_store_warns_and_tunes_as_if_empty(tmp_path):
+    (tmp_path / "norm-tuning.json").write_text("{not json")
+    found = _python(
+        "import warnings\nwarnings.simplefilter('always')\n"
+        f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))",
+        tmp_path,
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "None"
+    assert "were not read" in found.stderr and "norm-tuning.json" in found.stderr
+
+
+def test_an_unwritable_store_keeps_the_configuration_for_the_process_and_says_so(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = (
+        "import warnings\nwarnings.simplefilter('always')\nfrom tileops.kernels.cuda.norm import tuning\n"
+        f"tuning.remember({KEY!r}, {{'tpr': 64}})\nprint(tuning.chosen({KEY!r}))"
+    )
+    result = _python(code, blocker / "cache")  # a folder below a file cannot be created
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "{'tpr': 64}"
+    assert "holds for this process only" in result.stderr
+
+
+# -- the tuning loop, with the GPU timing replaced by given figures -----------------------------
+
+
+def _tune_with(monkeypatch, tmp_path, figures, key_suffix, broken=()):
+    """Run ``tuning.tune`` over candidates timed at ``figures`` µs (the first is the default);
+    candidates whose index is in ``broken`` fail to compile."""
+    from tileops.kernels.cuda.norm import tuning
+
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_loaded", False)
+    candidates = [{"tpr": 32 * (i + 1)} for i in range(len(figures))]
+
+    def compile_candidate(config):
+        index = candidates.index(config)
+        if index in broken:
+            raise ValueError(f"candidate {index} does not compile")
+        return lambda *tensors: index
+
+    def timed(fn, **_):
+        return figures[fn()]
+
+    monkeypatch.setattr(tuning, "gpu_time_us", timed)
+    key = ("GPU", "sm_90", "rms_norm", "register", key_suffix)
+    return tuning, key, candidates, tuning.tune(key, candidates, compile_candidate, (), "RMSNormKernel test")
+
+
+def test_tuning_keeps_the_fastest_candidate_and_stores_it(monkeypatch, tmp_path, capfd):
+    tuning, key, candidates, config = _tune_with(monkeypatch, tmp_path, [10.0, 8.0, 9.0], 1)
+    assert config == candidates[1]
+    assert tuning.chosen(key) == candidates[1]
+    assert "tuning RMSNormKernel test: chose {'tpr': 64} at 8.00 us (default 10.00 us)" in capfd.readouterr().err
+    assert (tmp_path / "norm-tuning.json").exists()
+
+
+def test_tuning_keeps_the_default_unless_beaten_by_three_percent(monkeypatch, tmp_path):
+    _, _, candidates, config = _tune_with(monkeypatch, tmp_path, [10.0, 9.8, 9.9], 2)
+    assert config == candidates[0]
+
+
+def test_tuning_skips_candidates_that_fail_and_says_how_many(monkeypatch, tmp_path, capfd):
+    _, _, candidates, config = _tune_with(monkeypatch, tmp_path, [10.0, 5.0, 9.0], 3, broken=(1,))
+    assert config == candidates[2]
+    assert "1 candidate(s) failed to compile or launch" in capfd.readouterr().err
+
+
+def test_tuning_with_no_candidate_that_runs_names_every_failure(monkeypatch, tmp_path):
+    with pytest.raises(RuntimeError, match="no candidate ran:\n.*candidate 0 does not compile\n.*candidate 1"):
+        _tune_with(monkeypatch, tmp_path, [10.0, 5.0], 4, broken=(0, 1))
