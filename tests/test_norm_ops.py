@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 from tileops.testing import check_workload, workload_cases
 
 #: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
@@ -42,3 +42,16 @@ def test_fused_add_layer_norm_rounds_the_sum_to_the_input_dtype_first():
     y, total = FusedAddLayerNormFwdOp(256)(x, r)
     assert torch.equal(total, x + r)
     torch.testing.assert_close(y, F.layer_norm((x + r).float(), (256,)).half(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("op_class", [RMSNormFwdOp, LayerNormFwdOp, FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp])
+def test_outputs_carry_no_autograd_history_even_from_inputs_that_require_grad(op_class):
+    n = 512  # rows the template backend's plain-torch kernel refuses: the in-tree CPU kernels serve
+    x = torch.randn(3, n, requires_grad=True)
+    weight = torch.nn.Parameter(torch.ones(n))
+    args = (x, torch.randn(3, n, requires_grad=True), weight) if op_class.__name__.startswith("FusedAdd") else (x, weight)
+    op = op_class(n)
+    result = op(*args)
+    assert {key for key, _ in op.built_kernels()} == {"torch_cpu"}
+    for output in result if isinstance(result, tuple) else (result,):
+        assert not output.requires_grad and output.grad_fn is None

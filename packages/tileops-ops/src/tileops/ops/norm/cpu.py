@@ -1,7 +1,8 @@
 """CPU implementations of the norm interfaces, in plain torch.
 
 They compute in float32 and round once, like the manifest's reference, and are ``general``:
-they serve every CPU call, and any narrower implementation a backend adds beats them.
+they serve every CPU call, and any narrower implementation a backend adds beats them. Like
+every implementation of these forward-only ops, they record no autograd history.
 """
 
 from __future__ import annotations
@@ -43,22 +44,26 @@ class _TorchCpuNorm(Kernel):
 
 
 class TorchCpuRMSNorm(_TorchCpuNorm, RMSNormFwdInterface):
+    @torch.no_grad()
     def forward(self, x, weight):
         return self._rms(x, weight)
 
 
 class TorchCpuLayerNorm(_TorchCpuNorm, LayerNormFwdInterface):
+    @torch.no_grad()
     def forward(self, x, weight, bias):
         return self._layer(x, weight, bias)
 
 
 class TorchCpuFusedAddRMSNorm(_TorchCpuNorm, FusedAddRMSNormFwdInterface):
+    @torch.no_grad()
     def forward(self, x, residual, weight):
         total = x + residual
         return self._rms(total, weight), total
 
 
 class TorchCpuFusedAddLayerNorm(_TorchCpuNorm, FusedAddLayerNormFwdInterface):
+    @torch.no_grad()
     def forward(self, x, residual, weight, bias):
         total = x + residual
         return self._layer(total, weight, bias), total
