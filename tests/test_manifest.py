@@ -64,6 +64,8 @@ def test_every_shipped_manifest_entry_loads_and_matches_its_op_class():
         ({"summary": _DELETE}, None, "missing required field(s) 'summary'"),
         ({"signature__outputs__y__shape": {"same_as": "weight"}}, "signature.outputs.y.shape", "names an optional input"),
         ({"signature__inputs__x y": {"dtype": ["float32"], "shape": [1]}}, "signature.inputs", "'x y' is not a valid argument name"),
+        ({"signature__params__eps__default": "tiny"}, "signature.params.eps.default", "expected a float (the param's type is float), got 'tiny'"),
+        ({"signature__params__normalized_shape__default": [4, -1]}, "signature.params.normalized_shape.default", "expected an int or a sequence of non-negative ints"),
     ],
 )
 def test_a_bad_entry_is_refused_naming_file_op_and_field(changes, field, message):

@@ -256,6 +256,39 @@ def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_para
     return TensorDecl(**fields)
 
 
+def param_value(kind: str, value: Any) -> Any:
+    """A non-null ``value`` of a param of type ``kind`` in its canonical form (shapes as
+    tuples, floats as float); ValueError saying what was expected otherwise."""
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("an int")
+        return int(value)
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("a float")
+        return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError("a bool")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError("a str")
+        return value
+    if kind == "dtype":
+        if not isinstance(value, torch.dtype):
+            raise ValueError("a torch.dtype")
+        return value
+    # shape: an int or a sequence of ints, as torch's normalized_shape
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if isinstance(value, (list, tuple, torch.Size)) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+    ):
+        return tuple(int(d) for d in value)
+    raise ValueError("an int or a sequence of non-negative ints")
+
+
 def _param(name: str, value: Any, where: _Where) -> ParamDecl:
     spec = _mapping(value, where, {"type", "default", "nullable", "keyword_only", "doc"}, {"type"})
     if spec["type"] not in PARAM_TYPES:
@@ -264,6 +297,15 @@ def _param(name: str, value: Any, where: _Where) -> ParamDecl:
     default = spec.get("default", _MISSING)
     if default is None and not nullable:
         raise where.at("default").error("is null but the param is not nullable: add nullable: true")
+    if default is not None and default is not _MISSING:
+        if spec["type"] == "dtype":  # written as a dtype's name in YAML
+            if default not in DTYPES:
+                raise where.at("default").error(f"expected one of {', '.join(DTYPES)}, got {default!r}")
+            default = DTYPES[default]
+        try:
+            default = param_value(spec["type"], default)
+        except ValueError as error:
+            raise where.at("default").error(f"expected {error} (the param's type is {spec['type']}), got {default!r}") from None
     return ParamDecl(
         name=name,
         type=spec["type"],

@@ -17,7 +17,7 @@ import torch
 from ..errors import OpArgumentError
 from .expressions import evaluate
 from .fastpath import try_compile_call_path
-from .loader import OpEntry, ParamDecl, TensorDecl
+from .loader import OpEntry, ParamDecl, TensorDecl, param_value
 
 
 class BoundCall:
@@ -51,42 +51,15 @@ class _ParamCheck:
         self.op, self.decl, self.kind = op, decl, kind
 
     def __call__(self, value: Any) -> Any:
-        decl = self.decl
         if value is None:
-            if decl.nullable:
+            if self.decl.nullable:
                 return None
-            return self._fail("a value (it is not nullable)", value)
-        kind = decl.type
-        if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
-                return self._fail("an int", value)
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                return self._fail("a float", value)
-            return float(value)
-        if kind == "bool":
-            if not isinstance(value, bool):
-                return self._fail("a bool", value)
-            return value
-        if kind == "str":
-            if not isinstance(value, str):
-                return self._fail("a str", value)
-            return value
-        if kind == "dtype":
-            if not isinstance(value, torch.dtype):
-                return self._fail("a torch.dtype", value)
-            return value
-        # shape: an int or a sequence of ints, as torch's normalized_shape
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = (value,)
-        if isinstance(value, (list, tuple, torch.Size)) and all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
-        ):
-            return tuple(int(d) for d in value)
-        return self._fail("an int or a sequence of non-negative ints", value)
-
-    def _fail(self, expected: str, value: Any):
+            expected = "a value (it is not nullable)"
+        else:
+            try:
+                return param_value(self.decl.type, value)
+            except ValueError as error:
+                expected = str(error)
         raise OpArgumentError(
             f"{self.op}: {self.kind} {self.decl.name!r} expected {expected}, got {value!r} ({type(value).__name__})"
         )
