@@ -72,3 +72,29 @@ def test_every_tuning_candidate_lowers_for_sm90(tmp_path):
     result = run_python(LOWER_CANDIDATES, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     assert int(result.stdout.split()[-1]) > 40, result.stdout
+
+
+PARALLEL_COMPILE = """
+import threading, torch
+from concurrent.futures import ThreadPoolExecutor
+from tileops.kernels.cuda.norm import programs
+target = {"kind": "cuda", "arch": "sm_90"}
+configs = programs.tuning_candidates("layer_norm", "shared", 1000, torch.bfloat16)[:4]
+configs.append(configs[0])  # the same configuration twice: compiled once, one kernel object
+
+def compile_one(config):
+    return programs.compile_config("layer_norm", 1000, torch.bfloat16, 1e-5, True, True, target, **config)
+
+with ThreadPoolExecutor(len(configs)) as pool:
+    kernels = list(pool.map(compile_one, configs))
+assert kernels[0] is kernels[-1]
+assert len({id(k) for k in kernels}) == 4
+assert all("__global__" in k.get_kernel_source() for k in kernels)
+print("compiled", len(set(map(id, kernels))))
+"""
+
+
+def test_tuning_candidates_compile_in_parallel_threads(tmp_path):
+    result = run_python(PARALLEL_COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.split()[-1] == "4", result.stdout

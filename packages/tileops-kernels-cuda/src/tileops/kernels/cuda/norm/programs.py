@@ -549,7 +549,10 @@ def make_program(
 
 
 _CACHE: dict[tuple, Any] = {}
-_CACHE_LOCK = threading.Lock()
+# One lock per configuration, so that different configurations (tuning candidates) compile in
+# parallel threads while one configuration still compiles once.
+_KEY_LOCKS: dict[tuple, threading.Lock] = {}
+_KEY_LOCKS_LOCK = threading.Lock()
 
 
 def build(
@@ -588,11 +591,17 @@ def build(
 def compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config):
     """``build`` for an explicit launch configuration (``make_program``'s keywords).
 
-    Cached per process on every argument; ``build`` and tuning scripts use it.
+    Cached per process on every argument; ``build`` and tuning use it. Safe to call from
+    several threads: distinct configurations compile concurrently.
     """
     key = (kind, n, dtype, float(eps), bool(has_weight), bool(has_bias), json.dumps(target, sort_keys=True),
            tuple(sorted(config.items())))
-    with _CACHE_LOCK:
+    kernel = _CACHE.get(key)
+    if kernel is not None:
+        return kernel
+    with _KEY_LOCKS_LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:
         kernel = _CACHE.get(key)
         if kernel is None:
             import tilelang

@@ -1,10 +1,11 @@
 """Tuning of the norm kernels' launch configurations, on request only (``op.request_tune()``).
 
 A kernel asks ``tune`` to time a list of candidate configurations on the tensors of the call
-that tunes; the fastest is remembered per tuning key (GPU name and architecture, kind, variant,
-row length, dtype, eps, flags), in the process and in a JSON file under ``$TILEOPS_CACHE_DIR``
-(default ``~/.cache/tileops``), so each key is tuned once per machine. Progress is drawn on
-stderr, as tuning compiles one kernel per candidate and takes seconds.
+that tunes (compiled in parallel threads, then timed one by one); the fastest is remembered
+per tuning key (GPU name and architecture, kind, variant, row length, dtype, eps, flags), in
+the process and in a JSON file under ``$TILEOPS_CACHE_DIR`` (default ``~/.cache/tileops``),
+so each key is tuned once per machine. Progress is drawn on stderr, as tuning compiles one
+kernel per candidate and takes seconds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,8 @@ from tileops.core.timing import gpu_time_us
 _MARGIN = 0.97
 _TIMED_LAUNCHES = 20
 _SAMPLES = 5
+#: Candidates compile in parallel threads (TileLang's lowering and nvcc), at most this many.
+_MAX_COMPILE_THREADS = 16
 
 _chosen: dict[str, dict[str, Any]] = {}
 _loaded = False
@@ -88,25 +92,37 @@ def tune(
     tensors: tuple[torch.Tensor, ...],
     what: str,
 ) -> dict[str, Any]:
-    """Time each candidate (the first is the default) launched with ``tensors`` on the current
-    stream, remember and return the fastest. The launches write the call's own outputs, which
-    the real launch that follows overwrites."""
+    """Compile the candidates (the first is the default) in parallel threads, time each launched
+    with ``tensors`` on the current stream, remember and return the fastest. The launches
+    write the call's own outputs, which the real launch that follows overwrites."""
     with _lock:
         earlier = chosen(key)
         if earlier is not None:  # another kernel of the same key tuned meanwhile
             return earlier
-        progress = _Progress(what, len(candidates))
-        timings: list[tuple[float, int]] = []
+        progress = _Progress(what, 2 * len(candidates))
         failures = []
-        for index, config in enumerate(candidates):
-            try:
-                kernel = compile_candidate(config)
-                timings.append((gpu_time_us(lambda: kernel(*tensors), calls=_TIMED_LAUNCHES, replays=_SAMPLES), index))
-            except Exception as error:  # noqa: BLE001 - a candidate the compiler or the driver rejects is skipped, and said so
-                failures.append(f"{config}: {type(error).__name__}: {error}")
+        kernels: dict[int, Callable[..., None]] = {}
+        workers = max(1, min(len(candidates), os.cpu_count() or 1, _MAX_COMPILE_THREADS))
+        with ThreadPoolExecutor(workers, thread_name_prefix="tileops-tune") as pool:
+            pending = {pool.submit(compile_candidate, config): index for index, config in enumerate(candidates)}
+            for future in as_completed(pending):
+                index = pending[future]
+                try:
+                    kernels[index] = future.result()
+                except Exception as error:  # noqa: BLE001 - a candidate the compiler rejects is skipped, and said so
+                    failures.append(f"{candidates[index]}: {type(error).__name__}: {error}")
+                progress.advance(None)
+        timings: list[tuple[float, int]] = []
+        for index in range(len(candidates)):
+            kernel = kernels.get(index)
+            if kernel is not None:
+                try:
+                    timings.append((gpu_time_us(lambda: kernel(*tensors), calls=_TIMED_LAUNCHES, replays=_SAMPLES), index))
+                except Exception as error:  # noqa: BLE001 - a candidate the driver refuses to launch is skipped, and said so
+                    failures.append(f"{candidates[index]}: {type(error).__name__}: {error}")
             progress.advance(min(timings)[0] if timings else None)
         if not timings:
-            raise RuntimeError(f"tuning {what}: no candidate ran:\n" + "\n".join(failures))
+            raise RuntimeError(f"tuning {what}: no candidate ran:\n" + "\n".join(sorted(failures)))
         best_us, best = min(timings)
         default_us = next((us for us, index in timings if index == 0), None)
         if default_us is not None and best_us > default_us * _MARGIN:
