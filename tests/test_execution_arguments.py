@@ -23,6 +23,7 @@ CopyFwdOp:
       y: {dtype: {same_as: x}, shape: {same_as: x}, out: out}
     exec_args:
       chunks: {type: int, default: 1, doc: how many pieces to copy in}
+      label: {type: str, default: copy, nullable: true, doc: a name for profilers}
   ref_api: x.clone()
   tolerance: {float32: {atol: 0, rtol: 0}}
   workloads:
@@ -107,3 +108,29 @@ def test_execution_arguments_are_checked_like_params(copy_op):
         copy_op()(torch.ones(4), chunks="2")
     with pytest.raises(OpArgumentError, match="and execution arguments chunks"):
         copy_op()(torch.ones(4), chunk=2)
+
+
+def test_execution_arguments_reach_the_implementation_inside_torch_compile(copy_op):
+    op = copy_op()
+    x = torch.arange(6.0)
+    compiled = torch.compile(lambda x: op(x, chunks=3), fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), x)
+    assert copy_op.seen[-1] == 3
+    default = torch.compile(lambda x: op(x), fullgraph=True, backend="eager")
+    assert torch.equal(default(x), x)
+    assert copy_op.seen[-1] == 1
+
+
+def test_a_bad_execution_argument_is_refused_while_tracing(copy_op):
+    op = copy_op()
+    compiled = torch.compile(lambda x: op(x, chunks="3"), fullgraph=True, backend="eager")
+    # Dynamo re-raises what traced code raises inside its own error, with the message kept.
+    with pytest.raises(Exception, match="CopyFwdOp: execution argument 'chunks' expected an int, got '3'"):
+        compiled(torch.ones(4))
+
+
+def test_none_for_an_execution_argument_with_another_default_is_refused_inside_torch_compile(copy_op):
+    op = copy_op()
+    compiled = torch.compile(lambda x: op(x, label=None), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="execution argument 'label' cannot be passed as None inside torch.compile"):
+        compiled(torch.ones(4))

@@ -36,6 +36,8 @@ def _schema(op_class: type[Op]) -> str:
         arguments.append(f"Tensor{'?' if decl.optional else ''}{'(a!)' if decl.written else ''} {decl.name}")
     for param in entry.params:
         arguments.append(f"{_PARAM_SCHEMA[param.type]}{'?' if param.nullable else ''} {param.name}")
+    for argument in entry.exec_args:  # None: not passed (the implementation uses its default)
+        arguments.append(f"{_PARAM_SCHEMA[argument.type]}? {argument.name}")
     arguments.append("str? target")
     outputs = ", ".join("Tensor" for _ in entry.outputs)
     returns = outputs if len(entry.outputs) == 1 else f"({outputs})"
@@ -70,21 +72,32 @@ def define_custom_op(op_class: type[Op]) -> None:
             return  # an output aliasing an input cannot be a custom op's result: not traceable yet
         n_inputs = len(entry.inputs)
         param_names = [p.name for p in entry.params]
+        n_params = len(param_names)
+        exec_names = [a.name for a in entry.exec_args]
         mutated = [t.name for t in entry.inputs if t.written]
 
-        def implementation(*arguments):
+        def split(arguments: tuple):
+            """(inputs, params, execution arguments given) of the custom op's arguments."""
             inputs = arguments[:n_inputs]
-            params = tuple(zip(param_names, _as_params(arguments[n_inputs:-1], entry)))
-            result = _eager_instance(op_class, params, arguments[-1])(*inputs)
+            params = _as_params(arguments[n_inputs : n_inputs + n_params], entry)
+            given = {
+                name: value
+                for name, value in zip(exec_names, arguments[n_inputs + n_params : -1])
+                if value is not None
+            }
+            return inputs, params, given
+
+        def implementation(*arguments):
+            inputs, params, given = split(arguments)
+            result = _eager_instance(op_class, tuple(zip(param_names, params)), arguments[-1])(*inputs, **given)
             return tuple(t.clone() if _is_input(t, inputs) else t for t in result) if isinstance(result, tuple) else (
                 result.clone() if _is_input(result, inputs) else result
             )
 
         def fake(*arguments):
-            inputs = arguments[:n_inputs]
-            params = dict(zip(param_names, _as_params(arguments[n_inputs:-1], entry)))
+            inputs, params, given = split(arguments)
             signature = op_class.signature()
-            call = signature.bind(signature.bind_params(params), inputs, {})
+            call = signature.bind(signature.bind_params(dict(zip(param_names, params))), inputs, given)
             outputs = tuple(
                 torch.empty(shape, dtype=dtype, device=call.device)
                 for shape, dtype in zip(call.output_shapes, call.output_dtypes)
@@ -113,17 +126,24 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
     signature = op.signature()
     names = signature.input_names
     inputs: list[Any] = list(args) + [None] * (len(names) - len(args))
+    exec_args = {a.name: a for a in signature.entry.exec_args}
     outs = {}
+    given = {}
     for name, value in kwargs.items():
         if name in signature.out_keywords:
             outs[name] = value
         elif name in names:
             inputs[names.index(name)] = value
-        elif any(a.name == name for a in signature.entry.exec_args):
-            raise OpArgumentError(
-                f"{type(op).__name__}: execution argument {name!r} cannot be passed inside torch.compile yet; "
-                "call the op outside the compiled region, or leave the argument at its default"
-            )
+        elif name in exec_args:
+            value = signature.check_exec_arg(name, value)
+            if value is None and exec_args[name].default is not None:
+                # The custom op's schema passes None for "not given": this call would run with the default.
+                raise OpArgumentError(
+                    f"{type(op).__name__}: execution argument {name!r} cannot be passed as None inside "
+                    f"torch.compile (its default is {exec_args[name].default!r}); call the op outside the "
+                    "compiled region to pass None"
+                )
+            given[name] = value
         else:
             signature.bind(op.params, args, kwargs)  # raises the precise error
     custom = type(op).__dict__.get("_custom_op")
@@ -137,7 +157,7 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
             f"{type(op).__name__}: an op constructed inside a compiled function cannot be traced; "
             "construct it outside (e.g. in the module's __init__)"
         )
-    result = custom(*inputs, *op.params.values(), op.requested_target)
+    result = custom(*inputs, *op.params.values(), *[given.get(name) for name in exec_args], op.requested_target)
     if not outs:
         return result
     results = list(result) if isinstance(result, tuple) else [result]

@@ -125,6 +125,10 @@ class Signature:
         except TypeError:  # params that cannot key a cache: the reference bind serves
             return None
 
+    def check_exec_arg(self, name: str, value: Any) -> Any:
+        """An execution argument's value checked and converted as a call's would be."""
+        return self._exec_checks[name](value)
+
     # -- call ---------------------------------------------------------------------------
     def bind(self, params: Mapping[str, Any], args: tuple, kwargs: dict) -> BoundCall:
         """Check one call's arguments against the signature."""
