@@ -68,7 +68,7 @@ def test_a_tuned_configuration_is_found_by_a_later_process(tmp_path):
     assert found.stdout.strip() == "None"
 
 
-def test_an_unreadable_store_warns_and_tunes_as_if_empty(tmp_path):
+def test_an_unreadable_store_warns_and_is_replaced_by_the_next_tuning(tmp_path):
     (tmp_path / "norm-tuning.json").write_text("{not json")
     found = _python(
         "import warnings\nwarnings.simplefilter('always')\n"
@@ -78,6 +78,18 @@ def test_an_unreadable_store_warns_and_tunes_as_if_empty(tmp_path):
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == "None"
     assert "were not read" in found.stderr and "norm-tuning.json" in found.stderr
+    config = {"tpr": 64}
+    replaced = _python(f"from tileops.kernels.cuda.norm import tuning\ntuning.remember({KEY!r}, {config!r})", tmp_path)
+    assert replaced.returncode == 0, replaced.stderr
+    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))", tmp_path)
+    assert found.stdout.strip() == repr(config), found.stderr  # tuning replaced the unreadable file
+
+
+def test_a_store_that_is_not_a_json_object_is_treated_as_unreadable(tmp_path):
+    (tmp_path / "norm-tuning.json").write_text("[1, 2]")
+    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))", tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "None" and "expected a JSON object, found list" in found.stderr
 
 
 def test_an_unwritable_store_keeps_the_configuration_for_the_process_and_says_so(tmp_path):

@@ -15,9 +15,9 @@ import os
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,14 @@ def _text(key: tuple) -> str:
     return json.dumps([str(part) if isinstance(part, torch.dtype) else part for part in key])
 
 
+def _read_store() -> dict[str, Any]:
+    """What ``store_path()`` holds; ValueError when it is not a JSON object."""
+    stored = json.loads(store_path().read_text())
+    if not isinstance(stored, dict):
+        raise ValueError(f"expected a JSON object, found {type(stored).__name__}")
+    return stored
+
+
 def chosen(key: tuple) -> dict[str, Any] | None:
     """The configuration tuned for ``key`` on this machine (this process or an earlier one),
     or None if it was never tuned."""
@@ -55,11 +63,15 @@ def chosen(key: tuple) -> dict[str, Any] | None:
         if not _loaded:
             _loaded = True
             try:
-                _chosen.update({k: v for k, v in json.loads(store_path().read_text()).items() if k not in _chosen})
+                _chosen.update({k: v for k, v in _read_store().items() if k not in _chosen})
             except FileNotFoundError:
                 pass
             except (OSError, ValueError) as error:
-                warnings.warn(f"tuned configurations in {store_path()} were not read: {error}", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"tuned configurations in {store_path()} were not read ({error}); tuning will replace the file",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         return _chosen.get(_text(key))
 
 
@@ -70,14 +82,17 @@ def remember(key: tuple, config: dict[str, Any]) -> None:
         _chosen[_text(key)] = config
         path = store_path()
         try:
+            stored = _read_store()
+        except (OSError, ValueError):  # missing or unreadable (said when it was loaded): start afresh
+            stored = {}
+        stored[_text(key)] = config
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            stored = json.loads(path.read_text()) if path.exists() else {}
-            stored[_text(key)] = config
             # Written aside and renamed, so a reader never sees half a file.
             with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
                 json.dump(stored, handle, indent=1, sort_keys=True)
             os.replace(handle.name, path)
-        except (OSError, ValueError) as error:
+        except OSError as error:
             warnings.warn(
                 f"the tuned configuration was not saved to {path} ({error}); it holds for this process only",
                 RuntimeWarning,
