@@ -55,3 +55,23 @@ def test_outputs_carry_no_autograd_history_even_from_inputs_that_require_grad(op
     assert {key for key, _ in op.built_kernels()} == {"torch_cpu"}
     for output in result if isinstance(result, tuple) else (result,):
         assert not output.requires_grad and output.grad_fn is None
+
+
+@pytest.mark.parametrize("op_class", [RMSNormFwdOp, LayerNormFwdOp, FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp])
+def test_an_op_survives_deepcopy_and_pickle_with_its_params_and_target(op_class):
+    import copy
+    import pickle
+
+    op = op_class((4, 8), eps=1e-3)
+    x = torch.randn(2, 4, 8)
+    args = (x, torch.randn(2, 4, 8)) if op_class.__name__.startswith("FusedAdd") else (x,)
+    want = op(*args)
+    for copied in (copy.deepcopy(op), pickle.loads(pickle.dumps(op))):
+        assert type(copied) is op_class and copied.params == op.params and copied is not op
+        assert copied.requested_target == op.requested_target
+        got = copied(*args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(g, w)
+    on_acme = op_class(8, target="acme")  # the template backend's target, installed in the workspace
+    assert copy.deepcopy(on_acme).requested_target == "acme"
+    assert pickle.loads(pickle.dumps(on_acme)).requested_target == "acme"

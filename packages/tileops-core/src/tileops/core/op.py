@@ -153,6 +153,12 @@ class Op:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{type(self).__name__}({params})"
 
+    def __reduce__(self):
+        # A copy (copy.deepcopy of a model) or a pickle is a new instance with the same params
+        # and requested target: the bound target and the built kernels belong to this process
+        # and its devices, and are chosen again on the new instance's first call.
+        return _reconstruct, (type(self), dict(self.params), self._requested_target)
+
     @property
     def requested_target(self) -> str | None:
         """The target given at construction (``target=``), or None."""
@@ -333,6 +339,11 @@ class Op:
             request = getattr(kernel, "request_tune", None)
             if callable(request):
                 request()
+
+
+def _reconstruct(cls: type[Op], params: dict[str, Any], target: str | None) -> Op:
+    """An instance of ``cls`` as ``Op.__reduce__`` describes it."""
+    return cls(**params) if target is None else cls(**params, target=target)
 
 
 def constructor_mismatch(cls: type[Op]) -> list[str]:
