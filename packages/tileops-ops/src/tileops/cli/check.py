@@ -83,7 +83,7 @@ def check_files(paths: Iterable[Any], *, against_op_classes: bool) -> dict[str, 
     registrations: list[str] = []
     if against_op_classes:
         ops = _check_op_classes(declared)
-        registrations = _registrations_for_unknown_ops({op["op"] for op in ops if op["op"] in _class_names()})
+        registrations = _registrations_for_unknown_ops(_class_names())
     else:
         ops = [_op_result(entry.name, entry.family, entry.source, _workload_problems(entry)) for entry in declared]
     return {

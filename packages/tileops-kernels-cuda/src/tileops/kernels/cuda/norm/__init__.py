@@ -93,7 +93,7 @@ class _TileLangNorm(Kernel):
         config = tuning.tune(
             self._tuning_key,
             programs.tuning_candidates(self.kind, self.variant, n, dtype),
-            lambda candidate: self._compile(candidate),
+            self._compile,
             tensors,
             what,
         )
