@@ -17,6 +17,12 @@ def compile_target(device: torch.device) -> dict[str, str]:
     return {"kind": "cuda", "arch": f"sm_{facts.arch}"}
 
 
+#: The index of the current CUDA device. ``torch.cuda.current_device`` first makes sure CUDA is
+#: initialised, which a kernel built for a tensor already on the GPU does not need, and it costs
+#: a Python call more on every launch.
+current_device_index: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
 def launcher(kernel: Any) -> Callable[..., Any]:
     """The cheapest way to call a compiled TileLang kernel whose outputs the caller allocates.
 

@@ -27,7 +27,7 @@ from tileops.ops.norm import (
 )
 
 from . import programs, tuning
-from ..device import compile_target, launcher
+from ..device import compile_target, current_device_index, launcher
 
 
 class _TileLangNorm(Kernel):
@@ -72,18 +72,24 @@ class _TileLangNorm(Kernel):
         """
         self._tune_pending = tuning.chosen(self._tuning_key) is None
 
-    def _run(self, *tensors: torch.Tensor) -> None:
-        # TileLang launches in the current device's context and stream: make that this
-        # kernel's device when a call on another GPU than the current one arrives.
-        if torch.cuda.current_device() == self._device_index:
+    def _launch_elsewhere(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        """The launch when the fast check in ``forward`` fails: a tuning request is pending, or
+        the call's GPU is not the current one (TileLang launches in the current device's
+        context, so it is made current for the launch, and restored)."""
+        with torch.cuda.device(self._device_index):
             if self._tune_pending:
                 self._tune(tensors)
             self._kernel(*tensors)
-        else:
-            with torch.cuda.device(self._device_index):
-                if self._tune_pending:
-                    self._tune(tensors)
-                self._kernel(*tensors)
+
+    @property
+    def _tune_pending(self) -> bool:
+        return self._launch_device != self._device_index
+
+    @_tune_pending.setter
+    def _tune_pending(self, pending: bool) -> None:
+        # ``forward`` compares the current device with ``_launch_device`` and nothing else, so
+        # a pending request is kept as a device index no GPU has.
+        self._launch_device = -1 if pending else self._device_index
 
     def _tune(self, tensors: tuple[torch.Tensor, ...]) -> None:
         if torch.cuda.is_current_stream_capturing():
@@ -100,44 +106,70 @@ class _TileLangNorm(Kernel):
         self._use(config)
         self._tune_pending = False
 
-    def _launch(self, x: torch.Tensor, *tensors: Any) -> torch.Tensor:
-        y = torch.empty_like(x)
-        self._run(x, *[t for t in tensors if t is not None], y)
-        return y
 
-    def _launch_fused(self, x: torch.Tensor, residual: torch.Tensor, *tensors: Any):
-        y = torch.empty_like(x)
-        total = torch.empty_like(x)
-        self._run(x, residual, *[t for t in tensors if t is not None], y, total)
-        return y, total
+# The forwards below are the whole per-call cost of these kernels on small (decode) shapes, so
+# each builds its argument tuple (the compiled kernel takes only the tensors that exist) and
+# launches inline: one device check, no helper calls.
 
 
 class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
     kind = "rms_norm"
 
     def forward(self, x, weight):
-        return self._launch(x, weight)
+        y = torch.empty_like(x)
+        tensors = (x, y) if weight is None else (x, weight, y)
+        if current_device_index() == self._launch_device:
+            self._kernel(*tensors)
+        else:
+            self._launch_elsewhere(tensors)
+        return y
 
 
 class _LayerNorm(_TileLangNorm, LayerNormFwdInterface):
     kind = "layer_norm"
 
     def forward(self, x, weight, bias):
-        return self._launch(x, weight, bias)
+        y = torch.empty_like(x)
+        if bias is None:
+            tensors = (x, y) if weight is None else (x, weight, y)
+        else:
+            tensors = (x, bias, y) if weight is None else (x, weight, bias, y)
+        if current_device_index() == self._launch_device:
+            self._kernel(*tensors)
+        else:
+            self._launch_elsewhere(tensors)
+        return y
 
 
 class _FusedAddRMSNorm(_TileLangNorm, FusedAddRMSNormFwdInterface):
     kind = "add_rms_norm"
 
     def forward(self, x, residual, weight):
-        return self._launch_fused(x, residual, weight)
+        y = torch.empty_like(x)
+        total = torch.empty_like(x)
+        tensors = (x, residual, y, total) if weight is None else (x, residual, weight, y, total)
+        if current_device_index() == self._launch_device:
+            self._kernel(*tensors)
+        else:
+            self._launch_elsewhere(tensors)
+        return y, total
 
 
 class _FusedAddLayerNorm(_TileLangNorm, FusedAddLayerNormFwdInterface):
     kind = "add_layer_norm"
 
     def forward(self, x, residual, weight, bias):
-        return self._launch_fused(x, residual, weight, bias)
+        y = torch.empty_like(x)
+        total = torch.empty_like(x)
+        if bias is None:
+            tensors = (x, residual, y, total) if weight is None else (x, residual, weight, y, total)
+        else:
+            tensors = (x, residual, bias, y, total) if weight is None else (x, residual, weight, bias, y, total)
+        if current_device_index() == self._launch_device:
+            self._kernel(*tensors)
+        else:
+            self._launch_elsewhere(tensors)
+        return y, total
 
 
 # Keys: "<kind>" (registers), "<kind>_shared", "<kind>_streamed", "<kind>_scalar".
