@@ -439,3 +439,23 @@ def test_check_reports_a_workload_its_own_signature_refuses(capsys, tmp_path):
     code, out = run_cli(capsys, "check", "--manifest", str(bad))
     assert code == 1
     assert "FAIL  RMSNormFwdOp: workload 'decode-1': RMSNormFwdOp: argument 'weight'" in out, out
+
+
+def test_bench_summary_gives_geometric_means_and_slower_counts_per_comparison():
+    from tileops.cli.bench import Row, geometric_means, summary
+
+    def row(ours, eager, compiled, ours_call=None, eager_call=None):
+        return Row(op="RMSNormFwdOp", workload="w", dtype="bfloat16", shape="1x4096", served_by="rms_norm",
+                   ours_us=ours, eager_us=eager, compile_us=compiled, bytes=1,
+                   ours_call_us=ours_call, eager_call_us=eager_call)
+
+    rows = [row(1.0, 4.0, 2.0, 10.0, 12.0), row(2.0, 2.0, 1.0, 10.0, 8.0), row(4.0, 4.0, None)]
+    means = geometric_means(rows)
+    assert means["eager"] == {"ratio": pytest.approx(2 ** (2 / 3)), "workloads": 3, "slower": 0}
+    assert means["compile"] == {"ratio": pytest.approx(1.0), "workloads": 2, "slower": 1}
+    assert means["eager_call"] == {"ratio": pytest.approx((1.2 * 0.8) ** 0.5), "workloads": 2, "slower": 1}
+    text = summary(means)
+    assert "1.59x torch eager over 3 workloads (TileOPs slower on 0)" in text
+    assert "1.00x torch.compile over 2 workloads (TileOPs slower on 1)" in text
+    assert "call-time ratios (small shapes, host included): 0.98x torch eager over 2 workloads (TileOPs slower on 1)" in text
+    assert "call-time" not in summary(geometric_means(rows[2:]))

@@ -1,9 +1,11 @@
-"""GPU time of a callable, by CUDA-graph replay: the method of ``tileops bench`` and of kernel
-tuning (docs/performance.md), for anything that launches work on the current CUDA stream."""
+"""How TileOPs times things (docs/performance.md): GPU time by CUDA-graph replay (``tileops
+bench`` and kernel tuning), and host-inclusive call time by short interleaved loops (``tileops
+bench`` on small shapes, ``tileops overhead``)."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,3 +39,32 @@ def gpu_time_us(fn: Callable[[], Any], *, calls: int = 40, replays: int = 15, wa
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / calls)
     return statistics.median(times)
+
+
+def best_call_times_us(
+    fns: list[Callable[[], Any]], *, calls: int, loops: int, synchronize: Callable[[], Any] | None = None
+) -> list[float]:
+    """Host-inclusive time of one call of each of ``fns``, in microseconds: for each, the best
+    of ``loops`` timed loops of ``calls`` calls (``synchronize``, when given, ends each loop,
+    so that the work a loop queued is counted).
+
+    The loops are short and the callables take turns: on a shared machine other work only
+    ever adds time, in bursts lasting seconds, so the fastest of many short loops is the
+    closest to what a call itself costs, and taking turns exposes every side of a comparison
+    to the same bursts.
+    """
+    for fn in fns:
+        for _ in range(calls):
+            fn()
+    if synchronize is not None:
+        synchronize()
+    best = [float("inf")] * len(fns)
+    for _ in range(loops):
+        for index, fn in enumerate(fns):
+            begin = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if synchronize is not None:
+                synchronize()
+            best[index] = min(best[index], (time.perf_counter() - begin) / calls * 1e6)
+    return best

@@ -5,7 +5,8 @@ in one CUDA graph after a warm-up and replaying it; the median over replays, div
 calls, is the time of one call. The same method times torch eager and torch.compile of the
 entry's ``torch_api`` in the same run. Bandwidth is the roofline's bytes over GPU time,
 reported against the device-to-device copy bandwidth measured in the same run. For small
-shapes the host-inclusive call time of eager calls is reported too. L2 is not flushed.
+shapes the host-inclusive call time of eager calls is reported too, TileOPs and torch eager
+timed in turns (best of many short loops). L2 is not flushed.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import datetime
+import importlib.metadata
 import io
 import json
 import math
+import platform
 import statistics
+import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 
 from tileops.core.manifest.expressions import evaluate
 from tileops.core.manifest.loader import Workload
+from tileops.core.timing import best_call_times_us
 from tileops.core.timing import gpu_time_us as graph_replay_time_us
 from tileops.ops import FAMILIES
 from tileops.testing import workload_inputs
@@ -34,6 +39,8 @@ from tileops.testing import workload_inputs
 CALLS = 40
 REPLAYS = 15
 SMALL_SHAPE_BYTES = 4 << 20  # below this, report the host-inclusive call time too
+CALLS_PER_LOOP = 100
+CALL_LOOPS = 100
 
 
 @dataclasses.dataclass
@@ -59,19 +66,11 @@ def gpu_time_us(fn: Callable[[], Any]) -> float:
     return graph_replay_time_us(fn, calls=CALLS, replays=REPLAYS)
 
 
-def call_time_us(fn: Callable[[], Any], iterations: int = 300) -> float:
-    """Host-inclusive time of one eager call: a timed loop, synchronised at the end."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        begin = time.perf_counter()
-        for _ in range(iterations):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - begin) / iterations * 1e6)
-    return best
+def call_times_us(fns: list[Callable[[], Any]]) -> list[float]:
+    """Host-inclusive time of one eager call of each of ``fns``, timed in turns (see
+    ``tileops.core.timing.best_call_times_us``): the best of ``CALL_LOOPS`` loops of
+    ``CALLS_PER_LOOP`` calls, each loop ended by a synchronisation."""
+    return best_call_times_us(fns, calls=CALLS_PER_LOOP, loops=CALL_LOOPS, synchronize=torch.cuda.synchronize)
 
 
 def copy_bandwidth_tb_s() -> float:
@@ -145,9 +144,10 @@ def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_com
         bytes=_roofline_bytes(entry, inputs, outputs, op.params),
     )
     if row.bytes <= SMALL_SHAPE_BYTES:
-        row.ours_call_us = call_time_us(lambda: op(**inputs))
-        if baseline is not None:
-            row.eager_call_us = call_time_us(torch_eager)
+        if baseline is None:
+            (row.ours_call_us,) = call_times_us([lambda: op(**inputs)])
+        else:
+            row.ours_call_us, row.eager_call_us = call_times_us([lambda: op(**inputs), torch_eager])
     return row
 
 
@@ -166,6 +166,43 @@ def _cases(op_names: Iterable[str], workload_names: Iterable[str], dtypes: Itera
                         yield op_class, workload, dtype
 
 
+def machine() -> dict[str, str]:
+    """What a table's figures depend on besides the code: when, which GPU, which versions."""
+    major, minor = torch.cuda.get_device_capability()
+    try:
+        tilelang_version = importlib.metadata.version("tilelang")
+    except importlib.metadata.PackageNotFoundError:
+        tilelang_version = "not installed"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": f"{torch.cuda.get_device_name()} (sm_{major}{minor})",
+        "driver": _driver_version(),
+        "torch": torch.__version__,
+        "torch_cuda": str(torch.version.cuda),
+        "tilelang": tilelang_version,
+        "python": platform.python_version(),
+    }
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver's version as nvidia-smi reports it (torch does not expose it)."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={torch.cuda.current_device()}"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+def machine_line(facts: dict[str, str]) -> str:
+    return (
+        f"{facts['date']}; {facts['gpu']}, driver {facts['driver']}; torch {facts['torch']} "
+        f"(CUDA {facts['torch_cuda']}); tilelang {facts['tilelang']}; Python {facts['python']}"
+    )
+
+
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -176,7 +213,8 @@ def table(rows: list[Row], copy_tb_s: float) -> str:
         f"{'compile µs':>10} {'TB/s':>5} {'%copy':>5} {'eager/ours':>10} {'compile/ours':>12} "
         f"{'call µs ours/eager':>18}  served by"
     )
-    lines = [f"copy bandwidth (1 GiB, same run): {copy_tb_s:.2f} TB/s; GPU time by CUDA-graph replay of {CALLS} calls, median of {REPLAYS}; L2 not flushed", header]
+    lines = [f"copy bandwidth (1 GiB, same run): {copy_tb_s:.2f} TB/s; GPU time by CUDA-graph replay of {CALLS} calls, median of {REPLAYS}; L2 not flushed; "
+        f"call time: best of {CALL_LOOPS} loops of {CALLS_PER_LOOP} calls, TileOPs and torch eager in turns", header]
     for r in rows:
         bandwidth = r.tb_per_s(r.ours_us)
         calls = "-" if r.ours_call_us is None else f"{r.ours_call_us:.1f}/{_fmt(r.eager_call_us)}"
@@ -189,14 +227,23 @@ def table(rows: list[Row], copy_tb_s: float) -> str:
     return "\n".join(lines)
 
 
+#: The comparisons summarised under a table: (name, baseline field, TileOPs field).
+_COMPARISONS = (
+    ("eager", "eager_us", "ours_us"),
+    ("compile", "compile_us", "ours_us"),
+    ("eager_call", "eager_call_us", "ours_call_us"),
+)
+
+
 def geometric_means(rows: list[Row]) -> dict[str, dict[str, float | int]]:
-    """Per baseline: the geometric mean of its time over ours (above 1: TileOPs is faster),
-    over the rows that have it, with the count and the number of rows where ours is slower."""
+    """Per comparison (GPU time against torch eager and torch.compile, call time against torch
+    eager): the geometric mean of the baseline's time over ours (above 1: TileOPs is faster),
+    over the rows that have both, with the count and the number of rows where ours is slower."""
     means = {}
-    for baseline in ("eager", "compile"):
-        ratios = [getattr(r, f"{baseline}_us") / r.ours_us for r in rows if getattr(r, f"{baseline}_us")]
+    for name, baseline, ours in _COMPARISONS:
+        ratios = [getattr(r, baseline) / getattr(r, ours) for r in rows if getattr(r, baseline) and getattr(r, ours)]
         if ratios:
-            means[baseline] = {
+            means[name] = {
                 "ratio": math.exp(statistics.fmean(math.log(ratio) for ratio in ratios)),
                 "workloads": len(ratios),
                 "slower": sum(ratio < 1 for ratio in ratios),
@@ -205,13 +252,15 @@ def geometric_means(rows: list[Row]) -> dict[str, dict[str, float | int]]:
 
 
 def summary(means: dict[str, dict[str, float | int]]) -> str:
-    names = {"eager": "torch eager", "compile": "torch.compile"}
-    parts = [
-        f"{mean['ratio']:.2f}x {names[baseline]} over {mean['workloads']} workloads "
-        f"(TileOPs slower on {mean['slower']})"
-        for baseline, mean in means.items()
-    ]
-    return "geometric mean of GPU-time ratios: " + ("; ".join(parts) if parts else "no baseline ran")
+    def part(name: str, baseline: str) -> str:
+        mean = means[name]
+        return f"{mean['ratio']:.2f}x {baseline} over {mean['workloads']} workloads (TileOPs slower on {mean['slower']})"
+
+    gpu = [part(name, baseline) for name, baseline in (("eager", "torch eager"), ("compile", "torch.compile")) if name in means]
+    lines = ["geometric mean of GPU-time ratios: " + ("; ".join(gpu) if gpu else "no baseline ran")]
+    if "eager_call" in means:
+        lines.append("geometric mean of call-time ratios (small shapes, host included): " + part("eager_call", "torch eager"))
+    return "\n".join(lines)
 
 
 def run(args) -> int:
@@ -222,6 +271,7 @@ def run(args) -> int:
     if not cases:
         print("no workload matches the selection; `tileops ops` lists the ops", file=sys.stderr)
         return 2
+    facts = machine()
     copy_tb_s = copy_bandwidth_tb_s()
     rows = []
     for index, (op_class, workload, dtype) in enumerate(cases, 1):
@@ -230,7 +280,7 @@ def run(args) -> int:
     print(file=sys.stderr)
     means = geometric_means(rows)
     if args.json:
-        print(json.dumps({"copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows], "geomean": means}, indent=2))
+        print(json.dumps({"machine": facts, "copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows], "geomean": means}, indent=2))
     elif args.csv:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=[f.name for f in dataclasses.fields(Row)])
@@ -238,6 +288,7 @@ def run(args) -> int:
         writer.writerows(dataclasses.asdict(r) for r in rows)
         print(buffer.getvalue(), end="")
     else:
+        print(machine_line(facts))
         print(table(rows, copy_tb_s))
         print(summary(means))
     if args.png:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable
 
 import torch
 
 from tileops.backend import Kernel, register_kernel_type
 from tileops.core.registry import journal
+from tileops.core.timing import best_call_times_us
 from tileops.ops import RMSNormFwdOp
 from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
 
@@ -42,26 +41,6 @@ class _Preallocated(Kernel, RMSNormFwdInterface):
         return self.result
 
 
-def _best_per_call_us(fns: list[Callable[[], object]], calls: int, repeats: int) -> list[float]:
-    """For each of ``fns``, the best of ``repeats`` timed loops of ``calls`` calls, in µs per call.
-
-    The loops are short and interleaved: on a shared machine other work only ever adds time,
-    in bursts, so the fastest of many short loops is the closest to what the code itself
-    costs, and interleaving exposes every side to the same bursts.
-    """
-    for fn in fns:
-        for _ in range(calls):
-            fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for index, fn in enumerate(fns):
-            begin = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[index] = min(best[index], (time.perf_counter() - begin) / calls * 1e6)
-    return best
-
-
 def measure(calls: int = 1000, repeats: int = LOOPS) -> dict[str, float]:
     journal.open()
     try:
@@ -71,7 +50,7 @@ def measure(calls: int = 1000, repeats: int = LOOPS) -> dict[str, float]:
         op(x, weight)
         (key, kernel), = op.built_kernels()
         assert key == "overhead_probe", key
-        op_us, kernel_us = _best_per_call_us([lambda: op(x, weight), lambda: kernel.forward(x, weight)], calls, repeats)
+        op_us, kernel_us = best_call_times_us([lambda: op(x, weight), lambda: kernel.forward(x, weight)], calls=calls, loops=repeats)
     finally:
         journal.close(undo=True)
     return {"op_us": op_us, "kernel_us": kernel_us, "overhead_us": op_us - kernel_us, "budget_us": BUDGET_US}
