@@ -66,9 +66,10 @@ VARIANTS = ("register", "shared", "streamed", "scalar")
 
 # Measured on an H200 (bf16): the rms kinds are fastest with the row in
 # registers; the layer-norm kinds (more live values per element) are fastest
-# with it in shared memory, which keeps occupancy up, except for rows of at
-# most 1 KiB, where registers won by 4-9%.
-_LAYER_NORM_REGISTER_MAX_ROW_BYTES = 1024
+# with it in shared memory, which keeps occupancy up, except for short rows,
+# where registers won: up to 1 KiB for layer_norm (4-9%), up to 2 KiB for
+# add_layer_norm (N = 1000 and 1024: 1-14% on 4096 rows, 1% on 65536).
+_LAYER_NORM_REGISTER_MAX_ROW_BYTES = {"layer_norm": 1024, "add_layer_norm": 2048}
 
 DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 
@@ -178,13 +179,15 @@ def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) 
     """None if ``variant`` should serve (kind, n, dtype, aligned), else why not.
 
     The variant's own limits, plus one measured preference: layer-norm rows over
-    1 KiB are faster in 'shared' than in 'register', so 'register' leaves them.
+    1 KiB (2 KiB fused with the residual add) are faster in 'shared' than in
+    'register', so 'register' leaves them.
     """
     reason = REFUSALS[variant](n, dtype, aligned)
-    if reason is None and variant == "register" and kind.endswith("layer_norm"):
-        if n * dtype.itemsize > _LAYER_NORM_REGISTER_MAX_ROW_BYTES:
+    if reason is None and variant == "register" and kind in _LAYER_NORM_REGISTER_MAX_ROW_BYTES:
+        limit = _LAYER_NORM_REGISTER_MAX_ROW_BYTES[kind]
+        if n * dtype.itemsize > limit:
             return (
-                f"layer-norm rows over {_LAYER_NORM_REGISTER_MAX_ROW_BYTES} bytes run faster in the "
+                f"{kind} rows over {limit} bytes run faster in the "
                 f"'shared' variant (this row is {n * dtype.itemsize} bytes)"
             )
     return reason
@@ -236,8 +239,12 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
     """Launch configuration of a variant (``make_program``'s keywords).
 
     From H200 measurements (bf16, graph replay, N = 256 .. 65536):
-    * rms kinds were fastest with two 16-byte vectors per thread, layer-norm
-      kinds (two reductions, more live values) with four;
+    * rms_norm was fastest with two 16-byte vectors per thread, layer-norm
+      kinds (two reductions, more live values) with four, but never fewer
+      than 16 threads per row (N = 256: 1-2% on 32768 rows, 2% on 262144);
+    * add_rms_norm with one vector per thread, within the 256-thread cap
+      (N = 256 .. 2048: 2-17% faster than two on L2-resident inputs, 1-2%
+      on HBM-bound ones);
     * rows of more than 256 threads lost 5-45% in register mode (barrier
       waits, fewer resident blocks), while the shared and streamed modes
       want about 8-16 vectors per thread on very long rows;
@@ -246,7 +253,8 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
     * short rows share a block so that blocks have at least 128 threads.
     """
     _check_kind(kind, False)
-    per_thread = 2 if kind.endswith("rms_norm") else 4
+    per_thread = {"rms_norm": 2, "add_rms_norm": 1}.get(kind, 4)
+    min_tpr = 16 if kind.endswith("layer_norm") else 1
     preload = False
     if variant == "scalar":
         vec = 1
@@ -268,6 +276,8 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
         else:
             max_tpr = _MAX_THREADS
     tpr = min(_pow2_ceil(math.ceil(n // vec / per_thread)), max_tpr)
+    if variant != "scalar":
+        tpr = max(tpr, min(min_tpr, _pow2_ceil(n // vec)))
     rows = max(1, 128 // tpr)
     return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": 4, "preload": preload}
 
