@@ -121,3 +121,68 @@ def test_request_tune_times_candidates_once_keeps_the_result_correct_and_shows_t
     other.request_tune()
     other(x, r, w, b)
     assert "tuning" not in capfd.readouterr().err  # tuned once per identity
+
+
+@pytest.mark.parametrize(
+    ("op_class", "n", "key"),
+    [
+        (RMSNormFwdOp, 4096, "rms_norm"),
+        (LayerNormFwdOp, 4096, "layer_norm_shared"),
+        (RMSNormFwdOp, 100000, "rms_norm_streamed"),
+        (FusedAddRMSNormFwdOp, 4095, "add_rms_norm_scalar"),
+    ],
+    ids=["register", "shared", "streamed", "scalar"],
+)
+def test_inputs_of_more_than_2_31_elements_are_indexed_in_64_bits(op_class, n, key):
+    # Batch x sequence x hidden passes 2**31 elements in real models; offsets computed in 32
+    # bits would wrap and read or write the wrong rows. The first and last rows are checked
+    # against the reference computed on them alone.
+    rows = (1 << 31) // n + 2
+    x = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16).normal_()
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    ends = torch.cat([x[:2], x[-3:]])
+    op = op_class(n)
+    if op_class is FusedAddRMSNormFwdOp:
+        y, total = op(x, torch.ones_like(x), w)
+        torch.testing.assert_close(torch.cat([total[:2], total[-3:]]), ends + 1, atol=0, rtol=0)
+        del total
+        expected = _reference_rms_norm(ends + 1, w)
+    elif op_class is LayerNormFwdOp:
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        y = op(x, w, b)
+        expected = _reference_layer_norm(ends, w, b)
+    else:
+        y = op(x, w)
+        expected = _reference_rms_norm(ends, w)
+    assert {k for k, _ in op.built_kernels()} == {key}
+    torch.testing.assert_close(torch.cat([y[:2], y[-3:]]), expected, atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_large_fp16_values_do_not_overflow_and_constant_rows_give_the_bias():
+    # Squares of fp16 values above 256 exceed fp16's range: the statistics must be float32.
+    x = torch.full((4, 4096), 300.0, device="cuda", dtype=torch.float16)
+    x[1] = torch.linspace(-600, 600, 4096, device="cuda", dtype=torch.float16)
+    w = torch.randn(4096, device="cuda", dtype=torch.float16)
+    b = torch.randn(4096, device="cuda", dtype=torch.float16)
+    y = RMSNormFwdOp(4096)(x, w)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, _reference_rms_norm(x, w), atol=2e-3, rtol=2e-3)
+    z = LayerNormFwdOp(4096)(x, w, b)
+    torch.testing.assert_close(z[0], b, atol=2e-3, rtol=2e-3)  # a constant row has no deviation
+    torch.testing.assert_close(z, _reference_layer_norm(x, w, b), atol=2e-3, rtol=2e-3)
+
+
+def test_calls_run_on_the_callers_current_stream():
+    op = RMSNormFwdOp(4096)
+    source = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.zeros_like(source)
+    op(x, w)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # delays what follows on this stream by some milliseconds
+        x.copy_(source)
+        y = op(x, w)  # on another stream it would run at once, on the zeros
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, _reference_rms_norm(source, w), atol=1.6e-2, rtol=1.6e-2)
