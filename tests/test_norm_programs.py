@@ -23,6 +23,32 @@ SHAPES = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("kind", "n", "variant"),
+    [
+        ("layer_norm", 512, "register"),
+        ("layer_norm", 520, "shared"),
+        ("add_layer_norm", 1024, "register"),
+        ("add_layer_norm", 1032, "shared"),
+        ("rms_norm", 4096, "register"),
+        ("add_rms_norm", 4104, "shared"),
+        ("layer_norm", 65536, "shared"),
+        ("layer_norm", 65544, "streamed"),
+        ("rms_norm", 4095, "scalar"),
+    ],
+)
+def test_bf16_rows_go_to_the_variant_measured_fastest_for_their_length(kind, n, variant):
+    # The boundaries `tileops explain` reports: registers up to 8 KiB rows (1 KiB for
+    # layer_norm, 2 KiB for add_layer_norm), shared memory up to 128 KiB, then streamed;
+    # rows that 16-byte vectors cannot cover go to the scalar variant.
+    assert programs.choose_variant(kind, n, torch.bfloat16, True) == variant
+
+
+def test_the_layer_norm_register_refusal_names_the_kind_and_its_limit():
+    reason = programs.refusal("add_layer_norm", "register", 2048, torch.bfloat16, True)
+    assert reason == "add_layer_norm rows over 2048 bytes run faster in the 'shared' variant (this row is 4096 bytes)"
+
+
 @pytest.mark.parametrize(("kind", "variant", "n", "dtype"), SHAPES)
 def test_tuning_candidates_start_with_the_default_and_fit_the_block(kind, variant, n, dtype):
     candidates = programs.tuning_candidates(kind, variant, n, dtype)
