@@ -15,6 +15,7 @@ from tileops.backend import (
     DeviceFacts,
     Kernel,
     KernelSelectionError,
+    OpArgumentError,
     register_kernel_type,
 )
 from tileops.core import device_facts as device_facts_module
@@ -86,6 +87,27 @@ def test_an_added_implementation_enters_only_ops_constructed_after_registration(
     after(x, w, b)
     assert "torch_short_rows" not in _served_by(before)
     assert _served_by(after) == {"torch_short_rows"}
+
+
+class _DroppingLastColumnLayerNorm(_NarrowTorchLayerNorm):
+    """A registered implementation that breaks the interface's contract: y is one column short."""
+
+    def forward(self, x, weight, bias):
+        return super().forward(x, weight, bias)[:, :-1]
+
+
+def test_a_registered_implementation_returning_the_wrong_shape_is_an_op_argument_error(scoped_registry):
+    # Results of in-tree implementations are trusted; a backend's are checked, on the generated
+    # path (2-D contiguous inputs) as on the reference one (a non-contiguous 3-D input), and
+    # never broadcast into an out= buffer.
+    register_kernel_type("LayerNormFwdOp", "dropping", _DroppingLastColumnLayerNorm)
+    op = LayerNormFwdOp(128)
+    x, w, b = _inputs(128)
+    out = torch.zeros_like(x)
+    for call, buffers in ((x, {}), (x.unsqueeze(0).transpose(0, 1), {}), (x, {"out": out})):
+        with pytest.raises(OpArgumentError, match=r"LayerNormFwdOp: forward returned output 'y' as \(4, 127\)"):
+            op(call, w, b, **buffers)
+    assert not out.any()
 
 
 def test_registering_a_key_twice_raises_and_keeps_the_first(scoped_registry):

@@ -147,7 +147,10 @@ class Op:
         # Held on cache misses only, so that concurrent first calls bind and build once.
         self._miss_lock = threading.RLock()
         make_call_path = self._signature.call_path_factory(self.params, BUILTIN)
-        self._call_path = None if make_call_path is None else make_call_path(self)
+        # The in-tree implementations' results fit the signature by construction (and their
+        # tests say so); checking them would cost a tenth of a decode call. A backend's
+        # implementation of a kernel interface is third-party code: its results are checked.
+        self._call_path = None if make_call_path is None else make_call_path(self, check_results=bool(registered))
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -270,9 +273,9 @@ class Op:
         """The implementation of ``interface`` that serves a call: selected, built once per
         build identity, and cached.
 
-        ``call`` is a call spec (``interface.call_spec``), or that spec's fields in order: then
-        the spec itself is built only when the cache misses, which keeps the hit path to one
-        dictionary lookup.
+        ``call`` is a call spec (``interface.call_spec``), or fields that ``call_spec`` turns
+        into one (by default the spec's fields in order): then the spec itself is built only
+        when the cache misses, which keeps the hit path to one dictionary lookup.
         """
         kernel = self._kernel_caches[interface].get(call)
         if kernel is None:
@@ -287,12 +290,21 @@ class Op:
                 self._kernel_caches[interface][fields] = kernel
             return kernel
 
+    def call_spec(self, interface: type[KernelInterface], *fields: Any) -> CallSpec:
+        """The call spec that ``kernel_for(interface, *fields)`` stands for, built on a miss.
+
+        By default ``fields`` are the spec's fields in order. An op whose specs hold facts fixed
+        at construction (a row length, an eps) may override it and pass ``kernel_for`` only the
+        facts that vary between calls: a shorter key is a cheaper lookup.
+        """
+        return interface.call_spec(*fields)
+
     def _build_entry(self, interface: type[KernelInterface], fields: tuple) -> Kernel:
         if len(fields) == 1 and isinstance(fields[0], CallSpec):
             call = fields[0]
         else:
             try:
-                call = interface.call_spec(*fields)
+                call = self.call_spec(interface, *fields)
             except TypeError as error:
                 raise BackendError(
                     f"{type(self).__name__}: kernel_for({interface.__name__}, ...) got fields that do not "

@@ -37,14 +37,17 @@ def _cuda(kind: str, class_prefix: str) -> dict[str, str]:
 _ALIGNMENT = 16  # bytes; vectorised kernels load 16 bytes per thread
 
 
-def _aligned(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
-    # A plain loop: this runs on every call, and a generator costs a microsecond here.
-    if x.data_ptr() % _ALIGNMENT:
-        return False
-    for tensor in others:
-        if tensor is not None and tensor.data_ptr() % _ALIGNMENT:
-            return False
-    return True
+def _aligned(x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None = None, c: torch.Tensor | None = None) -> bool:
+    """Whether every given tensor's data pointer is 16-byte aligned."""
+    # Spelled out rather than a loop over *tensors: this runs on every call.
+    address = x.data_ptr()
+    if a is not None:
+        address |= a.data_ptr()
+    if b is not None:
+        address |= b.data_ptr()
+    if c is not None:
+        address |= c.data_ptr()
+    return not address % _ALIGNMENT
 
 
 class _NormOp(Op):
@@ -63,9 +66,20 @@ class _NormOp(Op):
             for dtype in self.manifest_entry().inputs[0].dtypes
         }
 
+    def call_spec(self, interface, device, dtype, has_weight, has_bias, aligned):
+        """The call spec ``kernel_for(interface, device, dtype, has_weight, has_bias, aligned)``
+        stands for: the forwards pass only what varies between calls; ``n`` and ``eps`` are the
+        instance's."""
+        return interface.call_spec(device, self.n, dtype, self._eps[dtype], has_weight, has_bias, aligned)
+
     def eps_for(self, dtype: torch.dtype) -> float:
         """The eps a call in ``dtype`` uses: the given one, else torch's default for dtype."""
         return self._eps[dtype]
+
+    def _kernel_layout(self, x: torch.Tensor, out: torch.Tensor | None) -> bool:
+        """Whether the call is already in the kernels' layout: (m, n) rows, (n,) weight and
+        bias, no ``out=``; then the forward reshapes and copies nothing."""
+        return out is None and self._one_dim and x.dim() == 2
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` as the (m, n) rows kernels take."""
@@ -77,7 +91,14 @@ class _NormOp(Op):
 
     @staticmethod
     def _deliver(result: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None):
-        """The kernel's (m, n) ``result`` in the caller's shape, written to ``out`` if given."""
+        """The kernel's (m, n) ``result`` in the caller's shape, written to ``out`` if given.
+
+        A result of another shape (a backend's implementation breaking the interface's contract)
+        is returned as it is, for the op's result check to report: reshaping it would raise a
+        bare RuntimeError, and copying it into ``out`` could broadcast it silently.
+        """
+        if not (isinstance(result, torch.Tensor) and result.shape == rows.shape):
+            return result
         if rows is not x:
             result = result.view(x.shape)
         if out is None:
@@ -101,11 +122,9 @@ class RMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, *, out=None):
-        dtype = x.dtype
-        kernel = self.kernel_for(
-            RMSNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None, False,
-            _aligned(x, weight),
-        )
+        kernel = self.kernel_for(RMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, weight))
+        if self._kernel_layout(x, out):
+            return kernel.forward(x, weight)
         rows = self._rows(x)
         return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
 
@@ -125,11 +144,11 @@ class LayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, bias=None, *, out=None):
-        dtype = x.dtype
         kernel = self.kernel_for(
-            LayerNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None, bias is not None,
-            _aligned(x, weight, bias),
+            LayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None, _aligned(x, weight, bias)
         )
+        if self._kernel_layout(x, out):
+            return kernel.forward(x, weight, bias)
         rows = self._rows(x)
         return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
 
@@ -150,11 +169,11 @@ class FusedAddRMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
-        dtype = x.dtype
         kernel = self.kernel_for(
-            FusedAddRMSNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None, False,
-            _aligned(x, residual, weight),
+            FusedAddRMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, residual, weight)
         )
+        if self._kernel_layout(x, out) and residual_out is None:
+            return kernel.forward(x, residual, weight)
         rows = self._rows(x)
         y, total = kernel.forward(rows, self._rows(residual), self._vector(weight))
         return self._deliver(y, x, rows, out), self._deliver(total, x, rows, residual_out)
@@ -176,11 +195,12 @@ class FusedAddLayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
-        dtype = x.dtype
         kernel = self.kernel_for(
-            FusedAddLayerNormFwdInterface, x.device, self.n, dtype, self._eps[dtype], weight is not None,
-            bias is not None, _aligned(x, residual, weight, bias),
+            FusedAddLayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None,
+            _aligned(x, residual, weight, bias),
         )
+        if self._kernel_layout(x, out) and residual_out is None:
+            return kernel.forward(x, residual, weight, bias)
         rows = self._rows(x)
         y, total = kernel.forward(rows, self._rows(residual), self._vector(weight), self._vector(bias))
         return self._deliver(y, x, rows, out), self._deliver(total, x, rows, residual_out)
