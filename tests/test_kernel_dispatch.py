@@ -110,6 +110,34 @@ def test_a_registered_implementation_returning_the_wrong_shape_is_an_op_argument
     assert not out.any()
 
 
+class _ShapeRecordingLayerNorm(_NarrowTorchLayerNorm):
+    """Records the shape of every x it is given."""
+
+    seen: list = []
+
+    def forward(self, x, weight, bias):
+        self.seen.append(tuple(x.shape))
+        return super().forward(x, weight, bias)
+
+
+class _LeadingDimsLayerNorm(_ShapeRecordingLayerNorm):
+    takes_leading_dims = True
+    seen: list = []
+
+
+@pytest.mark.parametrize(("implementation", "given"), [(_ShapeRecordingLayerNorm, (6, 128)), (_LeadingDimsLayerNorm, (2, 3, 128))])
+def test_an_implementation_gets_rows_unless_it_takes_leading_dims(scoped_registry, implementation, given):
+    register_kernel_type("LayerNormFwdOp", "recording", implementation)
+    op = LayerNormFwdOp(128)
+    x = torch.randn(2, 3, 128, device=run_device())
+    w, b = torch.randn(128, device=run_device()), torch.randn(128, device=run_device())
+    y = op(x, w, b)
+    assert implementation.seen == [given]
+    assert y.shape == x.shape
+    torch.testing.assert_close(y, F.layer_norm(x, (128,), w, b))
+    assert (y._base is None) == implementation.takes_leading_dims  # rows come back as a view of the (m, n) result
+
+
 def test_registering_a_key_twice_raises_and_keeps_the_first(scoped_registry):
     register_kernel_type("LayerNormFwdOp", "torch_short_rows", _NarrowTorchLayerNorm)
     with pytest.raises(BackendError, match="already has a registered kernel type under key 'torch_short_rows'"):

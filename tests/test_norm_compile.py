@@ -49,6 +49,33 @@ def test_the_kernel_compiles_for_sm90(kind, variant, n, dtype, tmp_path):
     assert result.stdout.splitlines()[-1].startswith(f"compiled {kind} {variant} {n} "), result.stdout[-2000:]
 
 
+LEADING_DIMS = """
+import torch
+from tileops.kernels.cuda.norm import programs
+target = {"kind": "cuda", "arch": "sm_90"}
+for kind, variant, n, dtype in [("rms_norm", "register", 4096, torch.bfloat16),
+                                ("add_layer_norm", "shared", 16384, torch.float16),
+                                ("layer_norm", "streamed", 65536, torch.bfloat16),
+                                ("add_rms_norm", "scalar", 1000, torch.float32)]:
+    config = programs.launch_config(kind, variant, n, dtype)
+    for leading, sizes in [(0, []), (1, ["m"]), (2, ["m0", "m1"]), (3, ["m0", "m1", "m2"])]:
+        kernel = programs.compile_config(kind, n, dtype, 1e-5, True, kind.endswith("layer_norm"), target,
+                                         leading=leading, **config)
+        source = kernel.get_kernel_source()
+        declaration = next(line for line in source.splitlines() if "__global__" in line and "main_kernel(" in line)
+        parameters = declaration[declaration.index("main_kernel(") + 12 : declaration.rindex(")")].split(",")
+        assert [p.split()[-1] for p in parameters if p.split()[0] == "int"] == sizes, declaration
+    print("compiled with 0-3 leading dimensions:", kind, variant)
+"""
+
+
+def test_kernels_for_any_number_of_leading_dimensions_compile(tmp_path):
+    # The device code takes one size per leading dimension and serves their product of rows.
+    result = run_python(LEADING_DIMS, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("compiled with 0-3 leading dimensions") == 4, result.stdout[-2000:]
+
+
 LOWER_CANDIDATES = """
 import torch, tilelang
 from tvm.target import Target

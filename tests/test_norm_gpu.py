@@ -78,6 +78,25 @@ def test_batch_dimensions_out_buffers_and_no_affine():
     torch.testing.assert_close(z, F.layer_norm(x.float(), (5, 256)).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
 
 
+@pytest.mark.parametrize("n", [1000, 4096, 16384, 131072], ids=lambda n: f"n{n}")
+def test_inputs_of_any_rank_are_served_without_a_view_and_correct(n):
+    # The TileLang kernels take the caller's (..., n) tensors as they are: rank 1 (one row), and
+    # ranks 3 and 4 with sizes of 1, as decode steps pass them. Their outputs are tensors of
+    # their own, not views of (m, n) results. 1000 takes the scalar variant, 131072 the streamed one.
+    dtype, (atol, rtol) = torch.bfloat16, TOLERANCE[torch.bfloat16]
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    rms, layer, add_rms, add_layer = RMSNormFwdOp(n), LayerNormFwdOp(n), FusedAddRMSNormFwdOp(n), FusedAddLayerNormFwdOp(n)
+    for shape in [(n,), (2, 3, n), (1, 1, 2, n)]:
+        x, r = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
+        results = [rms(x, w), layer(x, w, b), *add_rms(x, r, w), *add_layer(x, r, w, b)]
+        assert all(t.shape == x.shape and t._base is None for t in results), [t.shape for t in results]
+        expected = [_reference_rms_norm(x, w), _reference_layer_norm(x, w, b), _reference_rms_norm(x + r, w), x + r,
+                    _reference_layer_norm(x + r, w, b), x + r]
+        for got, want in zip(results, expected):
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    assert all(len(op.built_kernels()) == 1 for op in (rms, layer, add_rms, add_layer))  # one kernel, every rank
+
+
 def test_calls_capture_in_a_cuda_graph_after_one_warm_up():
     op = FusedAddRMSNormFwdOp(4096)
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)

@@ -24,6 +24,7 @@ from .interfaces import (
 class _TorchCpuNorm(Kernel):
     devices = frozenset({"cpu"})
     general = True
+    takes_leading_dims = True  # torch's functions normalise the last dimension of any rank
 
     def __init__(self, n: int, eps: float) -> None:
         super().__init__()

@@ -1,15 +1,19 @@
 """The norm family's kernel interfaces and call specs: the contract every implementation of
 a normalization (in-tree or a backend's) is written against.
 
-Kernels see 2-D, row-major, contiguous tensors: ``x`` of shape (m, n) where n is the product
-of ``normalized_shape`` and m of every leading dimension; ``weight`` and ``bias`` of shape
-(n,) or None. The op reshapes its inputs and outputs around them.
+Kernels see row-major, contiguous tensors: ``x`` of shape (m, n) where n is the product of
+``normalized_shape`` and m of every leading dimension; ``weight`` and ``bias`` of shape (n,) or
+None. The op reshapes its inputs and outputs around them, except for an implementation that
+sets ``takes_leading_dims = True``: when ``normalized_shape`` has one dimension, it receives x
+(and residual) as the caller passed them, (..., n) with any number of leading dimensions, and
+returns outputs of that shape.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import ClassVar
 
 import torch
 
@@ -54,7 +58,16 @@ class FusedAddLayerNormCall(NormCall):
     """A call of ``FusedAddLayerNormFwdInterface``."""
 
 
-class RMSNormFwdInterface(KernelInterface):
+class _NormFwdInterface(KernelInterface):
+    """What the four norm interfaces share: the leading-dimensions declaration."""
+
+    #: True when ``forward`` takes x (and residual) of shape (..., n), any number of leading
+    #: dimensions, and returns outputs of that shape: the op then passes the caller's tensors
+    #: without a view (a view costs about a microsecond of host time on a decode call).
+    takes_leading_dims: ClassVar[bool] = False
+
+
+class RMSNormFwdInterface(_NormFwdInterface):
     call_spec = RMSNormCall
 
     @abc.abstractmethod
@@ -66,7 +79,7 @@ class RMSNormFwdInterface(KernelInterface):
         """
 
 
-class LayerNormFwdInterface(KernelInterface):
+class LayerNormFwdInterface(_NormFwdInterface):
     call_spec = LayerNormCall
 
     @abc.abstractmethod
@@ -80,7 +93,7 @@ class LayerNormFwdInterface(KernelInterface):
         """
 
 
-class FusedAddRMSNormFwdInterface(KernelInterface):
+class FusedAddRMSNormFwdInterface(_NormFwdInterface):
     call_spec = FusedAddRMSNormCall
 
     @abc.abstractmethod
@@ -94,7 +107,7 @@ class FusedAddRMSNormFwdInterface(KernelInterface):
         """
 
 
-class FusedAddLayerNormFwdInterface(KernelInterface):
+class FusedAddLayerNormFwdInterface(_NormFwdInterface):
     call_spec = FusedAddLayerNormCall
 
     @abc.abstractmethod

@@ -1,7 +1,9 @@
 """The norm family's ops: RMSNorm and LayerNorm forward, alone and fused with a residual add.
 
-Each op flattens its input to (m, n) rows, builds the call spec its interface takes, and runs
-the implementation selection picks. Constructors take what torch's functional API takes.
+Each op builds the call spec its interface takes, runs the implementation selection picks,
+and hands it the input as it takes it: as the caller passed it (the in-tree implementations
+take any leading dimensions) or flattened to (m, n) rows. Constructors take what torch's
+functional API takes.
 """
 
 from __future__ import annotations
@@ -76,14 +78,12 @@ class _NormOp(Op):
         """The eps a call in ``dtype`` uses: the given one, else torch's default for dtype."""
         return self._eps[dtype]
 
-    def _kernel_layout(self, x: torch.Tensor, out: torch.Tensor | None) -> bool:
-        """Whether the call is already in the kernels' layout: (m, n) rows, (n,) weight and
-        bias, no ``out=``; then the forward reshapes and copies nothing."""
-        return out is None and self._one_dim and x.dim() == 2
-
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` as the (m, n) rows kernels take."""
-        return x if self._one_dim and x.dim() == 2 else x.view(-1, self.n)
+    def _rows(self, x: torch.Tensor, kernel) -> torch.Tensor:
+        """``x`` (or residual) as ``kernel`` takes it: as it is when the kernel takes leading
+        dimensions or x is already (m, n) rows, else viewed as (m, n) rows."""
+        if self._one_dim and (kernel.takes_leading_dims or x.dim() == 2):
+            return x
+        return x.view(-1, self.n)
 
     def _vector(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         """A weight or bias of shape normalized_shape as the (n,) vector kernels take."""
@@ -100,11 +100,19 @@ class _NormOp(Op):
         if not (isinstance(result, torch.Tensor) and result.shape == rows.shape):
             return result
         if rows is not x:
-            result = result.view(x.shape)
+            result = result.view_as(x)  # a third of the cost of view(x.shape)
         if out is None:
             return result
         out.copy_(result)
         return out
+
+    def _deliver_pair(self, result, x, rows, out, residual_out):
+        """A fused kernel's (y, x + residual) delivered as ``_deliver`` does; anything but a pair
+        is returned as it is, for the op's result check to report."""
+        if type(result) is not tuple or len(result) != 2:
+            return result
+        y, total = result
+        return self._deliver(y, x, rows, out), self._deliver(total, x, rows, residual_out)
 
 
 class RMSNormFwdOp(_NormOp):
@@ -123,9 +131,9 @@ class RMSNormFwdOp(_NormOp):
 
     def forward(self, x, weight=None, *, out=None):
         kernel = self.kernel_for(RMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, weight))
-        if self._kernel_layout(x, out):
+        rows = self._rows(x, kernel)
+        if rows is x and out is None:
             return kernel.forward(x, weight)
-        rows = self._rows(x)
         return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
 
 
@@ -147,9 +155,9 @@ class LayerNormFwdOp(_NormOp):
         kernel = self.kernel_for(
             LayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None, _aligned(x, weight, bias)
         )
-        if self._kernel_layout(x, out):
+        rows = self._rows(x, kernel)
+        if rows is x and out is None:
             return kernel.forward(x, weight, bias)
-        rows = self._rows(x)
         return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
 
 
@@ -172,11 +180,11 @@ class FusedAddRMSNormFwdOp(_NormOp):
         kernel = self.kernel_for(
             FusedAddRMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, residual, weight)
         )
-        if self._kernel_layout(x, out) and residual_out is None:
+        rows = self._rows(x, kernel)
+        if rows is x and out is None and residual_out is None:
             return kernel.forward(x, residual, weight)
-        rows = self._rows(x)
-        y, total = kernel.forward(rows, self._rows(residual), self._vector(weight))
-        return self._deliver(y, x, rows, out), self._deliver(total, x, rows, residual_out)
+        result = kernel.forward(rows, self._rows(residual, kernel), self._vector(weight))
+        return self._deliver_pair(result, x, rows, out, residual_out)
 
 
 class FusedAddLayerNormFwdOp(_NormOp):
@@ -199,8 +207,8 @@ class FusedAddLayerNormFwdOp(_NormOp):
             FusedAddLayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None,
             _aligned(x, residual, weight, bias),
         )
-        if self._kernel_layout(x, out) and residual_out is None:
+        rows = self._rows(x, kernel)
+        if rows is x and out is None and residual_out is None:
             return kernel.forward(x, residual, weight, bias)
-        rows = self._rows(x)
-        y, total = kernel.forward(rows, self._rows(residual), self._vector(weight), self._vector(bias))
-        return self._deliver(y, x, rows, out), self._deliver(total, x, rows, residual_out)
+        result = kernel.forward(rows, self._rows(residual, kernel), self._vector(weight), self._vector(bias))
+        return self._deliver_pair(result, x, rows, out, residual_out)

@@ -12,6 +12,7 @@ Importing this module does not import tilelang; building a kernel does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -30,11 +31,30 @@ from . import programs, tuning
 from ..device import compile_target, current_device_index, launcher
 
 
+class _CompiledByRank(dict):
+    """A kernel's launch functions by the rank of the tensors it is called with; a rank's is
+    compiled on its first call (the same program, taking one size per leading dimension)."""
+
+    def __init__(self, compile_rank: Callable[[int], Callable[..., None]]) -> None:
+        super().__init__()
+        self._compile_rank = compile_rank
+
+    def __missing__(self, rank: int) -> Callable[..., None]:
+        launch = self[rank] = self._compile_rank(rank)
+        return launch
+
+
 class _TileLangNorm(Kernel):
-    """One compiled TileLang normalisation for a (kind, variant, n, dtype, eps, flags, device)."""
+    """One compiled TileLang normalisation for a (kind, variant, n, dtype, eps, flags, device).
+
+    It takes x (and residual) in the caller's shape, (..., n) with any number of leading
+    dimensions, so that the op reshapes nothing: a view costs about a microsecond of host
+    time per tensor, as much as the rest of the op layer's work on a decode call.
+    """
 
     kind: ClassVar[str]
     variant: ClassVar[str]
+    takes_leading_dims = True
 
     def __init__(self, call: NormCall) -> None:
         super().__init__()
@@ -48,11 +68,12 @@ class _TileLangNorm(Kernel):
         self._use(programs.launch_config(self.kind, self.variant, call.n, call.dtype) if tuned is None else tuned)
 
     def _use(self, config: dict[str, Any]) -> None:
-        self._kernel = self._compile(config)
+        self._launches = _CompiledByRank(lambda rank: self._compile(config, rank))
+        self._launches[2]  # the usual (m, n) rows are compiled with the kernel, not on a call
         self.config = {"variant": self.variant, **config}
 
-    def _compile(self, config: dict[str, Any]):
-        return launcher(programs.compile_config(self.kind, *self._shape, self._target, **config))
+    def _compile(self, config: dict[str, Any], rank: int = 2):
+        return launcher(programs.compile_config(self.kind, *self._shape, self._target, leading=rank - 1, **config))
 
     @classmethod
     def refusal(cls, call: NormCall) -> str | None:
@@ -79,7 +100,7 @@ class _TileLangNorm(Kernel):
         with torch.cuda.device(self._device_index):
             if self._tune_pending:
                 self._tune(tensors)
-            self._kernel(*tensors)
+            self._launches[tensors[0].dim()](*tensors)
 
     @property
     def _tune_pending(self) -> bool:
@@ -95,11 +116,12 @@ class _TileLangNorm(Kernel):
         if torch.cuda.is_current_stream_capturing():
             return  # a graph being captured must not see the trial launches; tune after
         n, dtype = self._shape[:2]
-        what = f"{type(self).__name__} n={n} {str(dtype).removeprefix('torch.')} on {tensors[0].shape[0]} rows"
+        what = f"{type(self).__name__} n={n} {str(dtype).removeprefix('torch.')} on {tensors[0].numel() // n} rows"
+        rank = tensors[0].dim()
         config = tuning.tune(
             self._tuning_key,
             programs.tuning_candidates(self.kind, self.variant, n, dtype),
-            self._compile,
+            lambda candidate: self._compile(candidate, rank),
             tensors,
             what,
         )
@@ -119,7 +141,7 @@ class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
         y = torch.empty_like(x)
         tensors = (x, y) if weight is None else (x, weight, y)
         if current_device_index() == self._launch_device:
-            self._kernel(*tensors)
+            self._launches[x.dim()](*tensors)
         else:
             self._launch_elsewhere(tensors)
         return y
@@ -135,7 +157,7 @@ class _LayerNorm(_TileLangNorm, LayerNormFwdInterface):
         else:
             tensors = (x, bias, y) if weight is None else (x, weight, bias, y)
         if current_device_index() == self._launch_device:
-            self._kernel(*tensors)
+            self._launches[x.dim()](*tensors)
         else:
             self._launch_elsewhere(tensors)
         return y
@@ -149,7 +171,7 @@ class _FusedAddRMSNorm(_TileLangNorm, FusedAddRMSNormFwdInterface):
         total = torch.empty_like(x)
         tensors = (x, residual, y, total) if weight is None else (x, residual, weight, y, total)
         if current_device_index() == self._launch_device:
-            self._kernel(*tensors)
+            self._launches[x.dim()](*tensors)
         else:
             self._launch_elsewhere(tensors)
         return y, total
@@ -166,7 +188,7 @@ class _FusedAddLayerNorm(_TileLangNorm, FusedAddLayerNormFwdInterface):
         else:
             tensors = (x, residual, bias, y, total) if weight is None else (x, residual, weight, bias, y, total)
         if current_device_index() == self._launch_device:
-            self._kernel(*tensors)
+            self._launches[x.dim()](*tensors)
         else:
             self._launch_elsewhere(tensors)
         return y, total

@@ -1,8 +1,8 @@
 """TileLang programs for the forward pass of row normalisations (CUDA).
 
 Role: this module is the kernel layer of TileOPs' norm operators. It builds and
-compiles TileLang kernels that normalise each row of a 2-D, row-major,
-contiguous (M, N) tensor over its last dimension:
+compiles TileLang kernels that normalise each row of a row-major, contiguous
+(..., N) tensor over its last dimension:
 
 * ``rms_norm``        y = x * rsqrt(mean(x^2) + eps) [* weight]
 * ``layer_norm``      y = (x - mean) * rsqrt(var + eps) [* weight] [+ bias]
@@ -15,8 +15,10 @@ are computed from that rounded s, exactly as ``F.rms_norm(x + r)`` does in
 torch. Inputs may be float16, bfloat16 or float32 (weight and bias in x's
 dtype); statistics are accumulated in float32; outputs are in x's dtype.
 
-M is a dynamic (symbolic) dimension, so one compiled kernel serves every batch
-size; N, the dtype, eps and the weight/bias flags are compile-time constants.
+The leading dimensions are dynamic (symbolic), so one compiled kernel serves
+every batch size of a given rank (``leading``: how many leading dimensions; the
+rows M are their product); N, the dtype, eps and the weight/bias flags are
+compile-time constants.
 
 Variants (the dispatcher chooses with the ``*_refusal`` functions, or takes
 ``choose_variant``, which applies them in a measured preference order):
@@ -42,7 +44,7 @@ Kernel call convention (positional, caller-allocated outputs, no out_idx)::
 
 An argument in brackets is absent from the call (not passed as None) when its
 flag (``has_weight`` / ``has_bias``) is False; ``kernel_arguments`` returns the
-exact list. x, residual, y and s are (M, N) with M >= 1; weight and bias are
+exact list. x, residual, y and s are (..., N), M >= 1 rows; weight and bias are
 (N,). The kernel launches on torch's current stream, does not synchronise and
 allocates nothing. Every tensor must be contiguous and on the same device.
 
@@ -342,6 +344,7 @@ def make_program(
     mode: str,
     unroll: int = 4,
     preload: bool = False,
+    leading: int = 1,
 ):
     """The TileLang PrimFunc for one configuration (see ``launch_config``).
 
@@ -349,13 +352,18 @@ def make_program(
     power of two <= 1024; rows: rows per block; mode: where the row lives
     between the two passes, "register", "shared" or "streamed"; unroll:
     vectors in flight per thread and step in streamed mode; preload (cached modes):
-    load weight and bias with x, before the reduction, rather than after it.
+    load weight and bias with x, before the reduction, rather than after it;
+    leading: how many leading (batch) dimensions x, residual, y and s have, each
+    symbolic: the kernel takes the caller's (..., N) tensors as they are, and
+    its rows are their product (none: one row).
     """
     import tilelang.language as T
 
     _check_kind(kind, has_bias)
     if n % vec or tpr & (tpr - 1) or tpr * rows > _MAX_THREADS:
         raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} for N={n}")
+    if leading < 0:
+        raise ValueError(f"leading={leading}: a count of leading dimensions is at least 0")
     fused = kind.startswith("add_")
     layer = kind.endswith("layer_norm")
     dt = _TL_DTYPES[dtype]
@@ -373,15 +381,16 @@ def make_program(
     inv_n = 1.0 / n
     eps = float(eps)
 
-    m = T.dynamic("m")
+    batch = [T.dynamic("m" if leading == 1 else f"m{i}") for i in range(leading)]
+    m = math.prod(batch, start=1)
     # Each parameter needs its own annotation object: parameters annotated with
     # the same object would share one buffer. An annotation that is not a
     # buffer makes the parameter a compile-time constant, left out of the
     # kernel's signature.
     absent = 0
-    x_t, y_t = T.Tensor((m, n), dt), T.Tensor((m, n), dt)
-    r_t = T.Tensor((m, n), dt) if fused else absent
-    s_t = T.Tensor((m, n), dt) if fused else absent
+    x_t, y_t = T.Tensor((*batch, n), dt), T.Tensor((*batch, n), dt)
+    r_t = T.Tensor((*batch, n), dt) if fused else absent
+    s_t = T.Tensor((*batch, n), dt) if fused else absent
     w_t = T.Tensor((n,), dt) if has_weight else absent
     b_t = T.Tensor((n,), dt) if has_bias else absent
 
@@ -424,7 +433,12 @@ def make_program(
                     acc[i] = acc[i] + red[i * rows * warps_per_row + (tx // tpr) * warps_per_row + k]
 
     @T.prim_func
-    def main(x: x_t, r: r_t, w: w_t, b: b_t, y: y_t, s: s_t):
+    def main(x_in: x_t, r_in: r_t, w: w_t, b: b_t, y_in: y_t, s_in: s_t):
+        # The kernel body indexes (row, column) views of the caller's tensors.
+        x = T.reshape(x_in, (m, n))
+        y = T.reshape(y_in, (m, n))
+        r = T.reshape(r_in, (m, n)) if fused else r_in
+        s = T.reshape(s_in, (m, n)) if fused else s_in
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
             tx = T.get_thread_binding()
             lane = tx % tpr
@@ -599,7 +613,8 @@ def build(
 
 
 def compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config):
-    """``build`` for an explicit launch configuration (``make_program``'s keywords).
+    """``build`` for an explicit launch configuration (``make_program``'s keywords, ``leading``
+    included).
 
     Cached per process on every argument; ``build`` and tuning use it. Safe to call from
     several threads: distinct configurations compile concurrently.
