@@ -91,7 +91,8 @@ class _NormOp(Op):
 
     @staticmethod
     def _deliver(result: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None):
-        """The kernel's (m, n) ``result`` in the caller's shape, written to ``out`` if given.
+        """The kernel's ``result`` (shaped like ``rows``) in the caller's shape, written to ``out``
+        if given.
 
         A result of another shape (a backend's implementation breaking the interface's contract)
         is returned as it is, for the op's result check to report: reshaping it would raise a
