@@ -91,7 +91,10 @@ def test_cuda_graph_capture_on_each_device():
             x = torch.randn(32, 1024, device=device, dtype=torch.bfloat16)
             op(x)  # warm-up builds the kernel for this device
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # A capture stream on this device: torch.cuda.graph's default one is created once per
+            # process, on the first device that captures, and a capture on another device would
+            # record nothing (torch's own kernels included).
+            with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
                 y = op(x)
             x.copy_(torch.randn_like(x))
             graph.replay()
