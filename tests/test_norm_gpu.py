@@ -177,6 +177,21 @@ def test_inputs_of_more_than_2_31_elements_are_indexed_in_64_bits(op_class, n, k
     torch.testing.assert_close(torch.cat([y[:2], y[-3:]]), expected, atol=1.6e-2, rtol=1.6e-2)
 
 
+def test_request_tune_on_a_3d_call_times_candidates_of_that_rank(capfd):
+    # Tuning compiles and launches each candidate with the call's own tensors, here (2, 96, n):
+    # the candidates must be built for three dimensions, or every launch would be refused.
+    n = 768  # a row length no other test tunes
+    op = RMSNormFwdOp(n)
+    x, w = torch.randn(2, 96, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    op(x, w)
+    op.request_tune()
+    y = op(x, w)
+    err = capfd.readouterr().err
+    assert "tuning RMSNorm" in err and "on 192 rows" in err and "chose {" in err and "(default " in err, err
+    assert "failed to compile or launch" not in err, err
+    torch.testing.assert_close(y, _reference_rms_norm(x, w), atol=1.6e-2, rtol=1.6e-2)
+
+
 def test_large_fp16_values_do_not_overflow_and_constant_rows_give_the_bias():
     # Squares of fp16 values above 256 exceed fp16's range: the statistics must be float32.
     x = torch.full((4, 4096), 300.0, device="cuda", dtype=torch.float16)
