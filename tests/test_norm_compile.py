@@ -76,6 +76,22 @@ def test_kernels_for_any_number_of_leading_dimensions_compile(tmp_path):
     assert result.stdout.count("compiled with 0-3 leading dimensions") == 4, result.stdout[-2000:]
 
 
+LAUNCHER = """
+import torch
+from tileops.kernels.cuda.device import launcher
+from tileops.kernels.cuda.norm import programs
+kernel = programs.build("rms_norm", "register", 1024, torch.bfloat16, 1e-6, target={"kind": "cuda", "arch": "sm_90"})
+entry = launcher(kernel)
+print(type(entry).__name__, entry is not kernel, entry.release_gil)
+"""
+
+
+def test_the_launcher_calls_the_entry_function_directly_and_keeps_the_gil(tmp_path):
+    result = run_python(LAUNCHER, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.split()[-2:] == ["True", "False"], result.stdout[-2000:]
+
+
 LOWER_CANDIDATES = """
 import torch, tilelang
 from tvm.target import Target

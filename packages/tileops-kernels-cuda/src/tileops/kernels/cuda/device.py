@@ -30,12 +30,19 @@ def launcher(kernel: Any) -> Callable[..., Any]:
     shapes and counts arguments on every call (several microseconds on a decode-sized call).
     Our kernels allocate nothing (no ``out_idx``), so the compiled entry function can take the
     tensors directly; where this TileLang does not expose it, the adapter is used.
+
+    The entry function keeps the GIL while it launches, as torch's own launches do: releasing and
+    taking it back around a launch that only queues work cost 0.1-0.3 us per call on the H200's
+    host (2-3% of a decode-sized call).
     """
     adapter = getattr(kernel, "adapter", None)
     executable = getattr(adapter, "get_exportable_executable", None)
     if executable is None or getattr(adapter, "result_idx", None):
         return kernel
     try:
-        return executable()["main"]
+        entry = executable()["main"]
     except (AttributeError, KeyError, RuntimeError):
         return kernel
+    if hasattr(entry, "release_gil"):
+        entry.release_gil = False
+    return entry
