@@ -62,7 +62,7 @@ class _NormOp(Op):
         # weight and bias are already (n,): the common call reshapes nothing.
         self._one_dim = len(self.params["normalized_shape"]) == 1
         given = self.params["eps"]
-        # Resolved once for every dtype x may have, so a call reads it with one lookup.
+        # Resolved once for every dtype x may have; call specs are built with it on a miss.
         self._eps = {
             dtype: torch.finfo(dtype).eps if given is None else given
             for dtype in self.manifest_entry().inputs[0].dtypes
@@ -72,7 +72,7 @@ class _NormOp(Op):
         """The call spec ``kernel_for(interface, device, dtype, has_weight, has_bias, aligned)``
         stands for: the forwards pass only what varies between calls; ``n`` and ``eps`` are the
         instance's."""
-        return interface.call_spec(device, self.n, dtype, self._eps[dtype], has_weight, has_bias, aligned)
+        return interface.call_spec(device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned)
 
     def eps_for(self, dtype: torch.dtype) -> float:
         """The eps a call in ``dtype`` uses: the given one, else torch's default for dtype."""
