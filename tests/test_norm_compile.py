@@ -36,6 +36,9 @@ kernel = programs.build(kind, variant, n, dtype, 1e-5, has_weight=True, has_bias
                         target={{"kind": "cuda", "arch": "sm_90"}})
 source = kernel.get_kernel_source()
 assert "__global__" in source
+# The streamed variant keeps its row on chip between its two passes by eviction priority alone.
+prioritised = "ld.global.L1::evict_last.L2::cache_hint" in source
+assert prioritised == (variant == "streamed"), prioritised
 print("compiled", kind, variant, n, len(source))
 """
 

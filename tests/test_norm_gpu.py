@@ -78,11 +78,12 @@ def test_batch_dimensions_out_buffers_and_no_affine():
     torch.testing.assert_close(z, F.layer_norm(x.float(), (5, 256)).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
 
 
-@pytest.mark.parametrize("n", [1000, 4096, 16384, 131072], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("n", [1000, 1001, 4096, 16384, 131072], ids=lambda n: f"n{n}")
 def test_inputs_of_any_rank_are_served_without_a_view_and_correct(n):
     # The TileLang kernels take the caller's (..., n) tensors as they are: rank 1 (one row), and
     # ranks 3 and 4 with sizes of 1, as decode steps pass them. Their outputs are tensors of
-    # their own, not views of (m, n) results. 1000 takes the scalar variant, 131072 the streamed one.
+    # their own, not views of (m, n) results. The sizes reach every variant: 1001 the scalar
+    # one, 131072 the streamed one of every kind, 1000 and 16384 the streamed single norms.
     dtype, (atol, rtol) = torch.bfloat16, TOLERANCE[torch.bfloat16]
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     rms, layer, add_rms, add_layer = RMSNormFwdOp(n), LayerNormFwdOp(n), FusedAddRMSNormFwdOp(n), FusedAddLayerNormFwdOp(n)

@@ -27,19 +27,27 @@ SHAPES = [
     ("kind", "n", "variant"),
     [
         ("layer_norm", 512, "register"),
-        ("layer_norm", 520, "shared"),
+        ("layer_norm", 520, "streamed"),
+        ("layer_norm", 2048, "streamed"),
+        ("layer_norm", 2056, "shared"),
+        ("layer_norm", 16376, "shared"),
+        ("layer_norm", 16384, "streamed"),
         ("add_layer_norm", 1024, "register"),
         ("add_layer_norm", 1032, "shared"),
+        ("add_layer_norm", 65536, "shared"),
+        ("add_layer_norm", 65544, "streamed"),
         ("rms_norm", 4096, "register"),
+        ("rms_norm", 16376, "shared"),
+        ("rms_norm", 16384, "streamed"),
         ("add_rms_norm", 4104, "shared"),
-        ("layer_norm", 65536, "shared"),
-        ("layer_norm", 65544, "streamed"),
+        ("add_rms_norm", 65536, "shared"),
         ("rms_norm", 4095, "scalar"),
     ],
 )
 def test_bf16_rows_go_to_the_variant_measured_fastest_for_their_length(kind, n, variant):
     # The boundaries `tileops explain` reports: registers up to 8 KiB rows (1 KiB for
     # layer_norm, 2 KiB for add_layer_norm), shared memory up to 128 KiB, then streamed;
+    # the single norms go streamed from 32 KiB rows, layer_norm also up to 4 KiB rows;
     # rows that 16-byte vectors cannot cover go to the scalar variant.
     assert programs.choose_variant(kind, n, torch.bfloat16, True) == variant
 
@@ -47,6 +55,14 @@ def test_bf16_rows_go_to_the_variant_measured_fastest_for_their_length(kind, n, 
 def test_the_layer_norm_register_refusal_names_the_kind_and_its_limit():
     reason = programs.refusal("add_layer_norm", "register", 2048, torch.bfloat16, True)
     assert reason == "add_layer_norm rows over 2048 bytes run faster in the 'shared' variant (this row is 4096 bytes)"
+
+
+def test_the_shared_refusals_of_the_single_norms_name_the_streamed_variant_and_the_row_size():
+    long_row = programs.refusal("rms_norm", "shared", 16384, torch.bfloat16, True)
+    assert long_row == "rms_norm rows of 32768 bytes or more run faster in the 'streamed' variant (this row is 32768 bytes)"
+    short_row = programs.refusal("layer_norm", "shared", 1000, torch.float32, True)
+    assert short_row == "layer_norm rows of at most 4096 bytes run faster in the 'streamed' variant (this row is 4000 bytes)"
+    assert programs.refusal("layer_norm", "shared", 4096, torch.bfloat16, True) is None
 
 
 @pytest.mark.parametrize(("kind", "variant", "n", "dtype"), SHAPES)

@@ -27,8 +27,9 @@ Variants (the dispatcher chooses with the ``*_refusal`` functions, or takes
   statistics pass and the normalisation pass; x is read from HBM once.
 * ``shared``    the row is parked in shared memory instead, for rows too long
   for the register file; x is still read from HBM once.
-* ``streamed``  nothing is kept: the row is read again for the second pass
-  (mostly an L2 hit), so any row length fits.
+* ``streamed``  nothing is held: the row is read again for the second pass,
+  kept in L1/L2 in between by eviction-priority loads (rows and weight/bias
+  "evict last", the re-read "evict first"), so any row length fits.
 * ``scalar``    the fallback for any N and any alignment: element-wise
   (unvectorised) accesses, register-cached for short rows, streamed otherwise.
 
@@ -72,6 +73,13 @@ VARIANTS = ("register", "shared", "streamed", "scalar")
 # where registers won: up to 1 KiB for layer_norm (4-9%), up to 2 KiB for
 # add_layer_norm (N = 1000 and 1024: 1-14% on 4096 rows, 1% on 65536).
 _LAYER_NORM_REGISTER_MAX_ROW_BYTES = {"layer_norm": 1024, "add_layer_norm": 2048}
+# The streamed single norms, whose rows stay on chip by eviction priority, beat
+# 'shared' on long rows: 4% on 16384 x 16384 rms_norm, 12% on layer_norm (bf16 and
+# fp16; 3% slower on 2048 x 16384 rms_norm, still ahead of torch.compile). Layer-norm
+# rows of at most 4 KiB also go streamed (N = 1000: 7% in bf16 on 4096 rows, 8% in
+# fp32; a tie on 65536 rows of 1024 and on 2048-element rows).
+_STREAMED_MIN_ROW_BYTES = {"rms_norm": 32 * 1024, "layer_norm": 32 * 1024}
+_LAYER_NORM_STREAMED_MAX_SHORT_ROW_BYTES = 4 * 1024
 
 DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 
@@ -83,6 +91,11 @@ _SHARED_MAX_ROW_BYTES = 128 * 1024
 # The scalar fallback keeps at most this many elements per thread in registers.
 _SCALAR_MAX_CACHED_PER_THREAD = 16
 _MAX_THREADS = 1024
+# Vectors each thread loads in one step of the streamed single norms, whose rows stay
+# on chip by eviction priority: on an H200 (bf16, N = 1000 .. 16384) layer_norm was
+# fastest with all of a thread's vectors in flight, up to 8, and at least a warp per
+# row; rms_norm with 4 (N = 16384: 1024 threads per row ran 1.5x slower than 512).
+_STREAMED_VECTORS_PER_THREAD = {"layer_norm": 8, "rms_norm": 4}
 
 
 # --------------------------------------------------------------------------
@@ -155,8 +168,9 @@ def streamed_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
     """None if the 'streamed' variant serves (n, dtype, aligned), else why not.
 
     Serves any row length; needs only 16-byte vector access. The row is
-    read twice (the second time mostly from L2): 3.6-3.7 TB/s on an H200
-    at N = 32768 .. 65536, behind 'shared' where that serves.
+    read twice, the second time from L1 or L2, where eviction priorities keep
+    it: on an H200 rms_norm and layer_norm of 16384 x 16384 (bf16) ran at
+    4.2 TB/s, the device-to-device copy's speed.
     """
     return _vector_refusal(n, dtype, aligned)
 
@@ -180,19 +194,31 @@ REFUSALS = {
 def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) -> str | None:
     """None if ``variant`` should serve (kind, n, dtype, aligned), else why not.
 
-    The variant's own limits, plus one measured preference: layer-norm rows over
+    The variant's own limits, plus the measured preferences: layer-norm rows over
     1 KiB (2 KiB fused with the residual add) are faster in 'shared' than in
-    'register', so 'register' leaves them.
+    'register', so 'register' leaves them; single-norm rows of 32 KiB or more, and
+    layer-norm rows of at most 4 KiB, are faster 'streamed', so 'shared' leaves them.
     """
     reason = REFUSALS[variant](n, dtype, aligned)
-    if reason is None and variant == "register" and kind in _LAYER_NORM_REGISTER_MAX_ROW_BYTES:
+    if reason is not None:
+        return reason
+    row_bytes = n * dtype.itemsize
+    if variant == "register" and kind in _LAYER_NORM_REGISTER_MAX_ROW_BYTES:
         limit = _LAYER_NORM_REGISTER_MAX_ROW_BYTES[kind]
-        if n * dtype.itemsize > limit:
+        if row_bytes > limit:
+            return f"{kind} rows over {limit} bytes run faster in the 'shared' variant (this row is {row_bytes} bytes)"
+    if variant == "shared" and kind in _STREAMED_MIN_ROW_BYTES:
+        if row_bytes >= _STREAMED_MIN_ROW_BYTES[kind]:
             return (
-                f"{kind} rows over {limit} bytes run faster in the "
-                f"'shared' variant (this row is {n * dtype.itemsize} bytes)"
+                f"{kind} rows of {_STREAMED_MIN_ROW_BYTES[kind]} bytes or more run faster in the "
+                f"'streamed' variant (this row is {row_bytes} bytes)"
             )
-    return reason
+        if kind == "layer_norm" and row_bytes <= _LAYER_NORM_STREAMED_MAX_SHORT_ROW_BYTES:
+            return (
+                f"{kind} rows of at most {_LAYER_NORM_STREAMED_MAX_SHORT_ROW_BYTES} bytes run faster in the "
+                f"'streamed' variant (this row is {row_bytes} bytes)"
+            )
+    return None
 
 
 def choose_variant(kind: str, n: int, dtype: torch.dtype, aligned: bool) -> str:
@@ -258,6 +284,10 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
     per_thread = {"rms_norm": 2, "add_rms_norm": 1}.get(kind, 4)
     min_tpr = 16 if kind.endswith("layer_norm") else 1
     preload = False
+    unroll = 4
+    if variant == "streamed" and kind in _STREAMED_VECTORS_PER_THREAD:
+        per_thread = unroll = _STREAMED_VECTORS_PER_THREAD[kind]
+        min_tpr = 32
     if variant == "scalar":
         vec = 1
         per_thread = 8
@@ -281,7 +311,7 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
     if variant != "scalar":
         tpr = max(tpr, min(min_tpr, _pow2_ceil(n // vec)))
     rows = max(1, 128 // tpr)
-    return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": 4, "preload": preload}
+    return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": unroll, "preload": preload}
 
 
 def tuning_candidates(kind: str, variant: str, n: int, dtype: torch.dtype) -> list[dict[str, Any]]:
@@ -400,6 +430,26 @@ def make_program(
     # Loop over the lanes of one access: vectorised for 16-byte accesses, a
     # plain loop for the scalar variant's single lane.
     lanes = T.vectorized if vec > 1 else T.serial
+    # The streamed mode keeps its row on chip between the passes by cache
+    # priority instead: rows and weight/bias are loaded "evict last" in L1 and
+    # L2 and the second pass's re-read "evict first" (16-byte accesses only).
+    hinted = mode == "streamed" and vec * dtype.itemsize == 16
+
+    @T.macro
+    def load_row(dst, di, src, row_, col, priority):
+        if hinted and priority is not None:
+            T.call_extern("handle", f"tileops_load_{priority}", T.address_of(dst[di]), T.address_of(src[row_, col]))
+        else:
+            for v in lanes(vec):
+                dst[di + v] = src[row_, col + v]
+
+    @T.macro
+    def load_param(dst, di, src, col):
+        if hinted:
+            T.call_extern("handle", "tileops_load_evict_last", T.address_of(dst[di]), T.address_of(src[col]))
+        else:
+            for v in lanes(vec):
+                dst[di + v] = src[col + v]
 
     def normalised(c, wv, bv, mean, rstd):
         """y from c, the float32 value of x (or s), and weight/bias values there."""
@@ -440,6 +490,8 @@ def make_program(
         r = T.reshape(r_in, (m, n)) if fused else r_in
         s = T.reshape(s_in, (m, n)) if fused else s_in
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+            if hinted:
+                T.import_source(_PRIORITY_LOADS)
             tx = T.get_thread_binding()
             lane = tx % tpr
             row = bx * rows + tx // tpr
@@ -476,17 +528,15 @@ def make_program(
                     slot = (st * step + u) if cached else u
                     bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                     if vi < nv:
-                        for v in lanes(vec):
-                            buf[bi + v] = x[src, vi * vec + v]
+                        # x is read again in pass 2 only by the streamed single norms (the fused
+                        # kinds re-read s); a load without priority is an ordinary one.
+                        load_row(buf, bi, x, src, vi * vec, None if cached or fused else "evict_last")
                         if fused:
-                            for v in lanes(vec):
-                                res[u * vec + v] = r[src, vi * vec + v]
+                            load_row(res, u * vec, r, src, vi * vec, None)
                         if preload and has_weight:
-                            for v in lanes(vec):
-                                wl[u * vec + v] = w[vi * vec + v]
+                            load_param(wl, u * vec, w, vi * vec)
                         if preload and has_bias:
-                            for v in lanes(vec):
-                                bl[u * vec + v] = b[vi * vec + v]
+                            load_param(bl, u * vec, b, vi * vec)
                 for u in T.unroll(step):
                     vi = (st * step + u) * tpr + lane
                     slot = (st * step + u) if cached else u
@@ -550,19 +600,20 @@ def make_program(
                         for u in T.unroll(step):
                             vi = (st * step + u) * tpr + lane
                             if vi < nv:
-                                for v in lanes(vec):
-                                    if fused:
-                                        buf[u * vec + v] = s[row, vi * vec + v]
-                                    else:
-                                        buf[u * vec + v] = x[row, vi * vec + v]
+                                load_row(buf, u * vec, s if fused else x, row, vi * vec, "evict_first")
                     for u in T.unroll(step):
                         vi = (st * step + u) * tpr + lane
                         slot = (st * step + u) if cached else u
                         bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                         if vi < nv:
+                            if hinted:
+                                if has_weight:
+                                    load_param(wl, u * vec, w, vi * vec)
+                                if has_bias:
+                                    load_param(bl, u * vec, b, vi * vec)
                             for v in lanes(vec):
                                 col = vi * vec + v
-                                if preload:
+                                if preload or hinted:
                                     y[row, col] = normalised(f(buf[bi + v]), wl[u * vec + v], bl[u * vec + v], mean, rstd)
                                 else:
                                     wv = w[col] if has_weight else None
@@ -571,6 +622,24 @@ def make_program(
 
     return main
 
+
+def _priority_load(priority: str) -> str:
+    """CUDA source of tileops_load_<priority>(dst, src): one 16-byte global load
+    with that eviction priority in L1 and in L2 (PTX createpolicy + cache_hint)."""
+    return f"""
+template <typename T>
+__device__ __forceinline__ void tileops_load_{priority}(T* dst, const T* src) {{
+  uint4 v;
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::{priority}.b64 %0, 1.0;" : "=l"(policy));
+  asm("ld.global.L1::{priority}.L2::cache_hint.v4.u32 {{%0, %1, %2, %3}}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src), "l"(policy));
+  *reinterpret_cast<uint4*>(dst) = v;
+}}
+"""
+
+
+_PRIORITY_LOADS = _priority_load("evict_last") + _priority_load("evict_first")
 
 _CACHE: dict[tuple, Any] = {}
 # One lock per configuration, so that different configurations (tuning candidates) compile in
