@@ -79,6 +79,24 @@ def test_kernels_for_any_number_of_leading_dimensions_compile(tmp_path):
     assert result.stdout.count("compiled with 0-3 leading dimensions") == 4, result.stdout[-2000:]
 
 
+PRE_AMPERE = """
+import torch
+from tileops.kernels.cuda.norm import programs
+for arch in ("sm_75", "sm_80"):
+    kernel = programs.build("layer_norm", "streamed", 16384, torch.bfloat16, 1e-5, True, True,
+                            target={"kind": "cuda", "arch": arch})
+    print(arch, "createpolicy" in kernel.get_kernel_source())
+"""
+
+
+def test_the_streamed_variant_loads_plainly_for_gpus_without_cache_policies(tmp_path):
+    # Eviction-priority loads with an L2 policy need sm_80; older GPUs get the same kernel without them.
+    result = run_python(PRE_AMPERE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    verdicts = [line for line in result.stdout.splitlines() if line.startswith("sm_")]
+    assert verdicts == ["sm_75 False", "sm_80 True"], result.stdout[-2000:]
+
+
 LAUNCHER = """
 import torch
 from tileops.kernels.cuda.device import launcher

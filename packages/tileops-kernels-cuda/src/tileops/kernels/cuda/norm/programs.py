@@ -29,7 +29,8 @@ Variants (the dispatcher chooses with the ``*_refusal`` functions, or takes
   for the register file; x is still read from HBM once.
 * ``streamed``  nothing is held: the row is read again for the second pass,
   kept in L1/L2 in between by eviction-priority loads (rows and weight/bias
-  "evict last", the re-read "evict first"), so any row length fits.
+  "evict last", the re-read "evict first"; sm_80 and later, plain loads
+  before), so any row length fits.
 * ``scalar``    the fallback for any N and any alignment: element-wise
   (unvectorised) accesses, register-cached for short rows, streamed otherwise.
 
@@ -58,6 +59,7 @@ library must import without it); only the build functions do.
 
 import json
 import math
+import re
 import threading
 from typing import Any
 
@@ -375,6 +377,7 @@ def make_program(
     unroll: int = 4,
     preload: bool = False,
     leading: int = 1,
+    cache_priorities: bool = True,
 ):
     """The TileLang PrimFunc for one configuration (see ``launch_config``).
 
@@ -385,7 +388,9 @@ def make_program(
     load weight and bias with x, before the reduction, rather than after it;
     leading: how many leading (batch) dimensions x, residual, y and s have, each
     symbolic: the kernel takes the caller's (..., N) tensors as they are, and
-    its rows are their product (none: one row).
+    its rows are their product (none: one row); cache_priorities: whether the
+    streamed mode may load with eviction priorities (PTX of sm_80 and later;
+    ``compile_config`` decides from the target).
     """
     import tilelang.language as T
 
@@ -433,7 +438,7 @@ def make_program(
     # The streamed mode keeps its row on chip between the passes by cache
     # priority instead: rows and weight/bias are loaded "evict last" in L1 and
     # L2 and the second pass's re-read "evict first" (16-byte accesses only).
-    hinted = mode == "streamed" and vec * dtype.itemsize == 16
+    hinted = cache_priorities and mode == "streamed" and vec * dtype.itemsize == 16
 
     @T.macro
     def load_row(dst, di, src, row_, col, priority):
@@ -641,6 +646,18 @@ __device__ __forceinline__ void tileops_load_{priority}(T* dst, const T* src) {{
 
 _PRIORITY_LOADS = _priority_load("evict_last") + _priority_load("evict_first")
 
+
+def _has_cache_priorities(target: str | dict) -> bool:
+    """Whether ``target``'s GPU has L2 cache-policy loads (``createpolicy``: sm_80 and later).
+
+    The architecture comes from the target (``{"arch": "sm_90"}``, ``-arch=sm_90``); a bare
+    ``"cuda"`` means the current GPU, as TileLang reads it.
+    """
+    found = re.search(r"sm_(\d+)", json.dumps(target) if isinstance(target, dict) else str(target))
+    if found:
+        return int(found.group(1)) >= 80
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 8
+
 _CACHE: dict[tuple, Any] = {}
 # One lock per configuration, so that different configurations (tuning candidates) compile in
 # parallel threads while one configuration still compiles once.
@@ -700,7 +717,8 @@ def compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config):
         if kernel is None:
             import tilelang
 
-            program = make_program(kind, n, dtype, eps, has_weight, has_bias, **config)
+            priorities = _has_cache_priorities(target)
+            program = make_program(kind, n, dtype, eps, has_weight, has_bias, cache_priorities=priorities, **config)
             kernel = tilelang.compile(program, target=target)
             _CACHE[key] = kernel
     return kernel
