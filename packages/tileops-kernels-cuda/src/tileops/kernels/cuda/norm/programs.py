@@ -280,7 +280,9 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
       want about 8-16 vectors per thread on very long rows;
     * loading weight and bias before the reduction paid for rows of at most
       2 KiB (3-17%) and cost up to 50% on long rows (register spills);
-    * short rows share a block so that blocks have at least 128 threads.
+    * short rows share a block so that blocks have at least 128 threads;
+    * the streamed single norms, whose second pass re-reads the row from
+      cache, as ``_STREAMED_VECTORS_PER_THREAD`` says.
     """
     _check_kind(kind, False)
     per_thread = {"rms_norm": 2, "add_rms_norm": 1}.get(kind, 4)
