@@ -68,6 +68,28 @@ def test_misaligned_and_non_contiguous_inputs(dtype):
     torch.testing.assert_close(op(strided, w, b), _reference_layer_norm(strided, w, b), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize(
+    ("n", "key"),
+    [(256, "layer_norm"), (1000, "layer_norm_streamed"), (1001, "layer_norm_scalar"), (4096, "layer_norm_shared"),
+     (16384, "layer_norm_streamed")],
+    ids=lambda v: str(v),
+)
+def test_every_variant_serves_calls_without_weight_or_bias(n, key):
+    # The kernels are compiled per affine combination (weight and bias are left out of the
+    # launch, not passed as None).
+    dtype, (atol, rtol) = torch.bfloat16, TOLERANCE[torch.bfloat16]
+    x = torch.randn(5, n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    layer = LayerNormFwdOp(n)
+    for weight, bias in [(None, None), (w, None), (None, b)]:
+        expected = F.layer_norm(x.float(), (n,), None if weight is None else weight.float(),
+                                None if bias is None else bias.float(), 1e-5).to(dtype)
+        torch.testing.assert_close(layer(x, weight, bias), expected, atol=atol, rtol=rtol)
+    expected = F.rms_norm(x.float(), (n,), eps=torch.finfo(dtype).eps).to(dtype)
+    torch.testing.assert_close(RMSNormFwdOp(n)(x), expected, atol=atol, rtol=rtol)
+    assert [built for built, _ in layer.built_kernels()] == [key] * 3
+
+
 def test_batch_dimensions_out_buffers_and_no_affine():
     x = torch.randn(2, 3, 5, 256, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(x)
