@@ -5,8 +5,9 @@ add_layer_norm): ``<kind>`` keeps the row in registers (short and
 ordinary rows), ``<kind>_shared`` stages it in shared memory (medium rows), ``<kind>_streamed``
 reads it twice and keeps it in L1/L2 in between by eviction priority (any length; the single
 norms' long rows and layer_norm's short ones), and ``<kind>_scalar`` serves every length and
-alignment without vector accesses. Their boundaries are ``programs.refusal`` (measured on an H200); where several
-serve a call the order above decides (``preferred_over``), and the scalar one is ``general``.
+alignment without vector accesses. Their boundaries are ``programs.refusal`` (measured on an
+H200); where several serve a call the order above decides (``preferred_over``), and the scalar
+one is ``general``.
 
 Importing this module does not import tilelang; building a kernel does.
 """

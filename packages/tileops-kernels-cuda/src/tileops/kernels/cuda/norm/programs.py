@@ -437,14 +437,14 @@ def make_program(
     # Loop over the lanes of one access: vectorised for 16-byte accesses, a
     # plain loop for the scalar variant's single lane.
     lanes = T.vectorized if vec > 1 else T.serial
-    # The streamed mode keeps its row on chip between the passes by cache
-    # priority instead: rows and weight/bias are loaded "evict last" in L1 and
-    # L2 and the second pass's re-read "evict first" (16-byte accesses only).
-    hinted = cache_priorities and mode == "streamed" and vec * dtype.itemsize == 16
+    # Where the cached modes hold the row between the passes, the streamed mode
+    # keeps it in L1/L2 by cache priority: rows and weight/bias are loaded
+    # "evict last" and the second pass's re-read "evict first" (16-byte accesses).
+    prioritised = cache_priorities and mode == "streamed" and vec * dtype.itemsize == 16
 
     @T.macro
     def load_row(dst, di, src, row_, col, priority):
-        if hinted and priority is not None:
+        if prioritised and priority is not None:
             T.call_extern("handle", f"tileops_load_{priority}", T.address_of(dst[di]), T.address_of(src[row_, col]))
         else:
             for v in lanes(vec):
@@ -452,7 +452,7 @@ def make_program(
 
     @T.macro
     def load_param(dst, di, src, col):
-        if hinted:
+        if prioritised:
             T.call_extern("handle", "tileops_load_evict_last", T.address_of(dst[di]), T.address_of(src[col]))
         else:
             for v in lanes(vec):
@@ -497,7 +497,7 @@ def make_program(
         r = T.reshape(r_in, (m, n)) if fused else r_in
         s = T.reshape(s_in, (m, n)) if fused else s_in
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
-            if hinted:
+            if prioritised:
                 T.import_source(_PRIORITY_LOADS)
             tx = T.get_thread_binding()
             lane = tx % tpr
@@ -613,14 +613,14 @@ def make_program(
                         slot = (st * step + u) if cached else u
                         bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                         if vi < nv:
-                            if hinted:
+                            if prioritised:
                                 if has_weight:
                                     load_param(wl, u * vec, w, vi * vec)
                                 if has_bias:
                                     load_param(bl, u * vec, b, vi * vec)
                             for v in lanes(vec):
                                 col = vi * vec + v
-                                if preload or hinted:
+                                if preload or prioritised:
                                     y[row, col] = normalised(f(buf[bi + v]), wl[u * vec + v], bl[u * vec + v], mean, rstd)
                                 else:
                                     wv = w[col] if has_weight else None
