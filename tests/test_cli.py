@@ -459,3 +459,34 @@ def test_bench_summary_gives_geometric_means_and_slower_counts_per_comparison():
     assert "1.00x torch.compile over 2 workloads (TileOPs slower on 1)" in text
     assert "call-time ratios (small shapes, host included): 0.98x torch eager over 2 workloads (TileOPs slower on 1)" in text
     assert "call-time" not in summary(geometric_means(rows[2:]))
+
+
+def test_bench_shape_derives_every_input_from_the_first_and_the_op_runs_it():
+    from tileops.cli.bench import _cases
+    from tileops.testing import workload_inputs
+
+    cases = list(_cases(["RMSNormFwdOp", "FusedAddLayerNormFwdOp"], (), ("float32",), [(2, 3, 48)]))
+    assert [(op_class.__name__, workload.name, dtype) for op_class, workload, dtype in cases] == [
+        ("RMSNormFwdOp", "shape-2x3x48", torch.float32),
+        ("FusedAddLayerNormFwdOp", "shape-2x3x48", torch.float32),
+    ]
+    (_, rms, _), (fused_class, fused, _) = cases
+    assert rms.shapes == {"x": (2, 3, 48), "weight": (48,)} and rms.params["normalized_shape"] == [48]
+    assert fused.shapes == {"x": (2, 3, 48), "residual": (2, 3, 48), "weight": (48,), "bias": (48,)}
+    inputs = workload_inputs(fused_class.manifest_entry(), fused, torch.float32, "cpu")
+    y, total = fused_class(**fused.params)(**inputs)
+    torch.testing.assert_close(total, inputs["x"] + inputs["residual"])
+    expected = F.layer_norm(total, (48,), inputs["weight"], inputs["bias"])
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bench_refuses_shapes_it_cannot_read_or_fit_before_looking_for_a_gpu(capsys):
+    from tileops.ops import LayerNormFwdOp
+    from tileops.testing import workload_for_shape
+
+    code, out = run_cli(capsys, "bench", "--shape", "8192x71a")
+    assert code == 2 and "--shape '8192x71a': expected sizes separated by 'x', such as 8192x7168" in out, out
+    code, out = run_cli(capsys, "bench", "--shape", "64x4096", "--workload", "decode-1")
+    assert code == 2 and "--shape and --workload select different workloads" in out, out
+    with pytest.raises(ValueError, match=r"LayerNormFwdOp: x of shape \(\) does not fit its pattern .* expected at least 1"):
+        workload_for_shape(LayerNormFwdOp.manifest_entry(), ())

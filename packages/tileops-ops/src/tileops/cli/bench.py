@@ -1,5 +1,8 @@
 """``tileops bench``: the manifest workloads on the current device, against torch.
 
+``--shape 8192x7168`` times shapes of your own instead: the first input takes the shape and
+the others follow from the manifest's shape patterns (``tileops.testing.workload_for_shape``).
+
 Method (docs/performance.md): GPU time is measured by capturing ``CALLS`` back-to-back calls
 in one CUDA graph after a warm-up and replaying it; the median over replays, divided by the
 calls, is the time of one call. The same method times torch eager and torch.compile of the
@@ -34,7 +37,7 @@ from tileops.core.manifest.loader import Workload
 from tileops.core.timing import best_call_times_us
 from tileops.core.timing import gpu_time_us as graph_replay_time_us
 from tileops.ops import FAMILIES
-from tileops.testing import workload_inputs
+from tileops.testing import workload_for_shape, workload_inputs
 
 CALLS = 40
 REPLAYS = 15
@@ -157,19 +160,32 @@ def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_com
     return row
 
 
-def _cases(op_names: Iterable[str], workload_names: Iterable[str], dtypes: Iterable[str]):
+def _cases(op_names: Iterable[str], workload_names: Iterable[str], dtypes: Iterable[str], shapes: Iterable[tuple] = ()):
+    """The (op class, workload, dtype) triples to time: the manifest's workloads, or with
+    ``shapes`` one workload per shape (ValueError where a shape does not fit an op)."""
     wanted_ops, wanted_workloads, wanted_dtypes = set(op_names), set(workload_names), set(dtypes)
     for ops in FAMILIES.values():
         for op_class in ops:
             if wanted_ops and op_class.__name__ not in wanted_ops:
                 continue
-            for workload in op_class.manifest_entry().workloads:
-                if wanted_workloads and workload.name not in wanted_workloads:
-                    continue
+            entry = op_class.manifest_entry()
+            if shapes:
+                workloads = [workload_for_shape(entry, shape) for shape in shapes]
+            else:
+                workloads = [w for w in entry.workloads if not wanted_workloads or w.name in wanted_workloads]
+            for workload in workloads:
                 for dtype in workload.dtypes:
                     name = str(dtype).removeprefix("torch.")
                     if (wanted_dtypes and name in wanted_dtypes) or (not wanted_dtypes and dtype == workload.dtypes[0]):
                         yield op_class, workload, dtype
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``8192x7168`` (or ``8192,7168``) as a shape; ValueError that quotes the text."""
+    parts = text.replace(",", "x").split("x")
+    if not all(part.strip().isdigit() for part in parts):
+        raise ValueError(f"--shape {text!r}: expected sizes separated by 'x', such as 8192x7168")
+    return tuple(int(part) for part in parts)
 
 
 def machine() -> dict[str, str]:
@@ -270,10 +286,18 @@ def summary(means: dict[str, dict[str, float | int]]) -> str:
 
 
 def run(args) -> int:
+    if args.shape and args.workload:
+        print("tileops bench: --shape and --workload select different workloads; give one of them", file=sys.stderr)
+        return 2
+    try:
+        shapes = [parse_shape(text) for text in args.shape or ()]
+        cases = list(_cases(args.ops, args.workload or (), args.dtype or (), shapes))
+    except ValueError as error:
+        print(f"tileops bench: {error}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("tileops bench needs a CUDA device: the benchmarks time GPU kernels by CUDA-graph replay", file=sys.stderr)
         return 2
-    cases = list(_cases(args.ops, args.workload or (), args.dtype or ()))
     if not cases:
         print("no workload matches the selection; `tileops ops` lists the ops", file=sys.stderr)
         return 2
@@ -340,6 +364,9 @@ def register(commands) -> None:
 def add_arguments(parser) -> None:
     parser.add_argument("ops", nargs="*", help="op class names (default: every op)")
     parser.add_argument("--workload", action="append", help="only these manifest workloads (repeatable)")
+    parser.add_argument(
+        "--shape", action="append", help="time this shape of the first input instead, e.g. 8192x7168 (repeatable)"
+    )
     parser.add_argument("--dtype", action="append", help="only these dtypes (default: each workload's first)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles each workload)")
     parser.add_argument("--tune", action="store_true", help="tune each kernel's launch configuration before timing it")

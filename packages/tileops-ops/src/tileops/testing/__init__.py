@@ -27,6 +27,7 @@ __all__ = [
     "reference_outputs",
     "workload_cases",
     "workload_elements",
+    "workload_for_shape",
     "workload_inputs",
 ]
 
@@ -164,6 +165,82 @@ def resize_batch(entry: OpEntry, workload: Workload, rows: int) -> Workload:
         name: (rows, *shape[1:]) if len(shape) == len(first) else shape for name, shape in workload.shapes.items()
     }
     return Workload(f"{workload.name}-rows{rows}", shapes, workload.dtypes, workload.params)
+
+
+def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workload | None = None) -> Workload:
+    """A workload of ``entry`` whose first input has ``shape``, for shapes the manifest lacks.
+
+    The first input's shape pattern binds the params it names from ``shape``: a
+    ``*normalized_shape`` takes as many trailing dimensions as it has in ``template`` (default:
+    the entry's first workload), and ``...`` the leading ones. The template's other inputs
+    follow: an input declared the same shape as another copies it; any other is expanded from
+    its pattern with the new params, its ``...`` standing for the first input's leading
+    dimensions. Other params are the template's; the dtypes are those the first input
+    accepts, the template's in front. ValueError says why a shape does not fit the pattern; the
+    op's own checks judge the rest when it runs.
+    """
+    template = entry.workloads[0] if template is None else template
+    first = entry.inputs[0]
+    params = dict(template.params)
+    dims: dict[str, int] = {}
+    leading: tuple[int, ...] = ()
+    pattern = first.shape
+
+    def width(dim) -> int:
+        if isinstance(dim, str) and dim.startswith("*"):
+            return len(template.params[dim[1:]])
+        return 0 if dim == "..." else 1
+
+    fixed = sum(width(dim) for dim in pattern)
+    has_ellipsis = "..." in pattern
+    if len(shape) < fixed or (not has_ellipsis and len(shape) != fixed):
+        expected = f"{'at least ' if has_ellipsis else ''}{fixed}"
+        raise ValueError(
+            f"{entry.name}: {first.name} of shape {tuple(shape)} does not fit its pattern "
+            f"{list(pattern)}: expected {expected} dimension(s), got {len(shape)}"
+        )
+    cursor = 0
+    for dim in pattern:
+        if dim == "...":
+            leading = tuple(shape[cursor:cursor + len(shape) - fixed])
+            cursor += len(leading)
+        elif isinstance(dim, int):
+            if shape[cursor] != dim:
+                raise ValueError(f"{entry.name}: dimension {cursor} of {first.name} must be {dim}, got {shape[cursor]}")
+            cursor += 1
+        elif dim.startswith("*"):
+            params[dim[1:]] = list(shape[cursor:cursor + width(dim)])
+            cursor += width(dim)
+        else:
+            (params if dim in params else dims)[dim] = shape[cursor]
+            cursor += 1
+
+    def expanded(decl) -> tuple[int, ...]:
+        out: list[int] = []
+        for dim in decl.shape:
+            if dim == "...":
+                out.extend(leading)
+            elif isinstance(dim, int):
+                out.append(dim)
+            elif dim.startswith("*"):
+                out.extend(params[dim[1:]])
+            elif dim in params or dim in dims:
+                out.append(params[dim] if dim in params else dims[dim])
+            else:
+                raise ValueError(
+                    f"{entry.name}: the shape of {decl.name} ({list(decl.shape)}) names {dim!r}, "
+                    f"which {first.name}'s shape does not give"
+                )
+        return tuple(out)
+
+    shapes = {first.name: tuple(shape)}
+    for decl in entry.inputs[1:]:
+        if decl.name in template.shapes:
+            shapes[decl.name] = shapes[decl.shape_same_as] if decl.shape_same_as else expanded(decl)
+    # Any dtype the first input accepts, the template's first (a default for whoever takes one).
+    dtypes = template.dtypes + tuple(d for d in first.dtypes or () if d not in template.dtypes)
+    name = "x".join(str(d) for d in shape)
+    return Workload(f"shape-{name}", shapes, dtypes, params)
 
 
 # The kit builds on the helpers above, so it is imported after them.
