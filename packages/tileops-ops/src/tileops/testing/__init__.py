@@ -188,6 +188,11 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
 
     def width(dim) -> int:
         if isinstance(dim, str) and dim.startswith("*"):
+            if template.params.get(dim[1:]) is None:
+                raise ValueError(
+                    f"{entry.name}: workload {template.name!r} gives no {dim[1:]!r}, so the dimensions "
+                    f"{first.name}'s {dim} covers are unknown"
+                )
             return len(template.params[dim[1:]])
         return 0 if dim == "..." else 1
 
@@ -222,20 +227,25 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
                 out.extend(leading)
             elif isinstance(dim, int):
                 out.append(dim)
-            elif dim.startswith("*"):
+            elif dim.startswith("*") and params.get(dim[1:]) is not None:
                 out.extend(params[dim[1:]])
             elif dim in params or dim in dims:
                 out.append(params[dim] if dim in params else dims[dim])
             else:
                 raise ValueError(
-                    f"{entry.name}: the shape of {decl.name} ({list(decl.shape)}) names {dim!r}, "
-                    f"which {first.name}'s shape does not give"
+                    f"{entry.name}: the shape of {decl.name} ({list(decl.shape)}) names {dim.lstrip('*')!r}, "
+                    f"which neither {first.name}'s shape nor workload {template.name!r} gives"
                 )
         return tuple(out)
 
     shapes = {first.name: tuple(shape)}
     for decl in entry.inputs[1:]:
         if decl.name in template.shapes:
+            if decl.shape_same_as and decl.shape_same_as not in shapes:
+                raise ValueError(
+                    f"{entry.name}: {decl.name} has the shape of {decl.shape_same_as}, "
+                    f"which workload {template.name!r} omits"
+                )
             shapes[decl.name] = shapes[decl.shape_same_as] if decl.shape_same_as else expanded(decl)
     # Any dtype the first input accepts, the template's first (a default for whoever takes one).
     dtypes = template.dtypes + tuple(d for d in first.dtypes or () if d not in template.dtypes)
