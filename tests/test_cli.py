@@ -490,3 +490,34 @@ def test_bench_refuses_shapes_it_cannot_read_or_fit_before_looking_for_a_gpu(cap
     assert code == 2 and "--shape and --workload select different workloads" in out, out
     with pytest.raises(ValueError, match=r"LayerNormFwdOp: x of shape \(\) does not fit its pattern .* expected at least 1"):
         workload_for_shape(LayerNormFwdOp.manifest_entry(), ())
+
+
+def test_a_shape_binds_the_named_dimensions_other_inputs_use_and_says_what_it_cannot_give():
+    import yaml
+
+    from tileops.core.manifest.loader import parse_manifest
+    from tileops.testing import workload_for_shape
+
+    def entry(template_shapes):
+        text = yaml.safe_dump({"ScaleRowsOp": {
+            "family": "test",
+            "summary": "x * scale",
+            "signature": {"inputs": {
+                "x": {"dtype": ["float32"], "shape": ["M", "N"]},
+                "scale": {"dtype": {"same_as": "x"}, "shape": ["N"]},
+                "table": {"dtype": ["int64"], "shape": ["K"], "optional": True},
+            }, "outputs": {"y": {"dtype": {"same_as": "x"}, "shape": {"same_as": "x"}}}},
+            "ref_api": "x * scale",
+            "tolerance": {"float32": {"atol": 0, "rtol": 0}},
+            "workloads": [{"name": "w", "shapes": template_shapes, "dtypes": ["float32"]}],
+            "roofline": {"bytes": "2 * numel(x) * itemsize(x)", "flops": "M * N"},
+        }}, sort_keys=False)
+        return parse_manifest(text, "t.yaml")["ScaleRowsOp"]
+
+    plain = entry({"x": [2, 3], "scale": [3]})
+    assert workload_for_shape(plain, (5, 7)).shapes == {"x": (5, 7), "scale": (7,)}
+    with pytest.raises(ValueError, match=r"ScaleRowsOp: x of shape \(5,\) does not fit .* expected 2 dimension\(s\), got 1"):
+        workload_for_shape(plain, (5,))
+    with_table = entry({"x": [2, 3], "scale": [3], "table": [4]})
+    with pytest.raises(ValueError, match="the shape of table \\(\\['K'\\]\\) names 'K', which neither x's shape nor workload 'w' gives"):
+        workload_for_shape(with_table, (5, 7))
