@@ -75,12 +75,13 @@ VARIANTS = ("register", "shared", "streamed", "scalar")
 # where registers won: up to 1 KiB for layer_norm (4-9%), up to 2 KiB for
 # add_layer_norm (N = 1000 and 1024: 1-14% on 4096 rows, 1% on 65536).
 _LAYER_NORM_REGISTER_MAX_ROW_BYTES = {"layer_norm": 1024, "add_layer_norm": 2048}
-# The streamed single norms, whose rows stay on chip by eviction priority, beat
-# 'shared' on long rows: 4% on 16384 x 16384 rms_norm, 12% on layer_norm (bf16 and
-# fp16; 3% slower on 2048 x 16384 rms_norm, still ahead of torch.compile). Layer-norm
-# rows of at most 4 KiB also go streamed (N = 1000: 7% in bf16 on 4096 rows, 8% in
-# fp32; a tie on 65536 rows of 1024 and on 2048-element rows).
-_STREAMED_MIN_ROW_BYTES = {"rms_norm": 32 * 1024, "layer_norm": 32 * 1024}
+# The streamed single norms (the kinds of _STREAMED_VECTORS_PER_THREAD), whose rows
+# stay on chip by eviction priority, beat 'shared' on long rows: 4% on 16384 x 16384
+# rms_norm, 12% on layer_norm (bf16 and fp16; 3% slower on 2048 x 16384 rms_norm,
+# still ahead of torch.compile). Layer-norm rows of at most 4 KiB also go streamed
+# (N = 1000: 7% in bf16 on 4096 rows, 8% in fp32; a tie on 65536 rows of 1024 and on
+# 2048-element rows).
+_STREAMED_MIN_ROW_BYTES = 32 * 1024
 _LAYER_NORM_STREAMED_MAX_SHORT_ROW_BYTES = 4 * 1024
 
 DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
@@ -209,10 +210,10 @@ def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) 
         limit = _LAYER_NORM_REGISTER_MAX_ROW_BYTES[kind]
         if row_bytes > limit:
             return f"{kind} rows over {limit} bytes run faster in the 'shared' variant (this row is {row_bytes} bytes)"
-    if variant == "shared" and kind in _STREAMED_MIN_ROW_BYTES:
-        if row_bytes >= _STREAMED_MIN_ROW_BYTES[kind]:
+    if variant == "shared" and kind in _STREAMED_VECTORS_PER_THREAD:
+        if row_bytes >= _STREAMED_MIN_ROW_BYTES:
             return (
-                f"{kind} rows of {_STREAMED_MIN_ROW_BYTES[kind]} bytes or more run faster in the "
+                f"{kind} rows of {_STREAMED_MIN_ROW_BYTES} bytes or more run faster in the "
                 f"'streamed' variant (this row is {row_bytes} bytes)"
             )
         if kind == "layer_norm" and row_bytes <= _LAYER_NORM_STREAMED_MAX_SHORT_ROW_BYTES:
@@ -659,6 +660,7 @@ def _has_cache_priorities(target: str | dict) -> bool:
     if found:
         return int(found.group(1)) >= 80
     return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 8
+
 
 _CACHE: dict[tuple, Any] = {}
 # One lock per configuration, so that different configurations (tuning candidates) compile in
