@@ -85,6 +85,18 @@ def test_longer_rows_than_fit_a_block_twice_get_one_row_per_block_in_shared_mode
         assert config["rows"] == 1, config
 
 
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "threads_per_row"),
+    [(1024, torch.bfloat16, 64), (512, torch.float16, 32), (512, torch.float32, 64), (1000, torch.bfloat16, 32)],
+)
+def test_fused_add_layer_norm_rows_of_a_power_of_two_of_vectors_spread_over_more_threads(n, dtype, threads_per_row):
+    # Two vectors per thread where the row is a power of two of 16-byte vectors, four otherwise
+    # (docs/perf/h200-add-layer-norm-threads-2026-11-29.txt); never below 16 threads per row.
+    config = programs.launch_config("add_layer_norm", "register", n, dtype)
+    assert (config["tpr"], config["rows"]) == (threads_per_row, 128 // threads_per_row)
+    assert programs.launch_config("add_layer_norm", "register", 256, torch.bfloat16)["tpr"] == 16
+
 # -- tuned configurations persist per machine -------------------------------------------------
 
 KEY = ("NVIDIA H200", "sm_90", "rms_norm", "register", 1000, "torch.bfloat16", 1e-6, True, False)
