@@ -175,6 +175,7 @@ def test_request_tune_times_candidates_once_keeps_the_result_correct_and_shows_t
     ],
     ids=["register", "shared", "streamed", "scalar"],
 )
+@pytest.mark.large_memory  # 8-16 GiB each: beside other tests' processes the GPU can run out
 def test_inputs_of_more_than_2_31_elements_are_indexed_in_64_bits(op_class, n, key):
     # Batch x sequence x hidden passes 2**31 elements in real models; offsets computed in 32
     # bits would wrap and read or write the wrong rows. The first and last rows are checked
