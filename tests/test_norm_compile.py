@@ -97,6 +97,29 @@ def test_the_streamed_variant_loads_plainly_for_gpus_without_cache_policies(tmp_
     assert verdicts == ["sm_75 False", "sm_80 True"], result.stdout[-2000:]
 
 
+EVICT_FIRST = """
+import torch
+from tileops.kernels.cuda.norm import programs
+target = {"kind": "cuda", "arch": "sm_90"}
+for kind, n, dtype in [("add_rms_norm", 4096, torch.bfloat16), ("add_layer_norm", 1000, torch.float32)]:
+    config = programs.launch_config(kind, "register", n, dtype)
+    has_bias = kind == "add_layer_norm"
+    plain = programs.compile_config(kind, n, dtype, 1e-5, True, has_bias, target, **config).get_kernel_source()
+    second = programs.compile_config(kind, n, dtype, 1e-5, True, has_bias, target, evict_first_inputs=True,
+                                     **config).get_kernel_source()
+    loads = sorted(line.split("(&(")[2].split("[")[0] for line in second.splitlines()
+                   if "tileops_load_evict_first((&(" in line)
+    print(kind, "createpolicy" in plain, "createpolicy.fractional.L2::evict_first" in second, loads)
+"""
+
+
+def test_the_fused_register_kernels_second_build_loads_x_and_the_residual_evict_first(tmp_path):
+    result = run_python(EVICT_FIRST, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("add_")]
+    assert lines == [f"{kind} False True ['r', 'x']" for kind in ("add_rms_norm", "add_layer_norm")], result.stdout[-2000:]
+
+
 LAUNCHER = """
 import torch
 from tileops.kernels.cuda.device import launcher

@@ -135,6 +135,27 @@ def test_calls_capture_in_a_cuda_graph_after_one_warm_up():
     torch.testing.assert_close(y, _reference_rms_norm(x + r, w), atol=1.6e-2, rtol=1.6e-2)
 
 
+@pytest.mark.parametrize("op_class", [FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp], ids=lambda c: c.__name__)
+def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_with_equal_results(op_class):
+    # x of 16 MiB (8192 rows of 1024 bf16, also as 2 x 4096 rows) takes the second build of the
+    # register kernel; 64 and 16384 rows (0.125 and 32 MiB) the first. Both builds compute alike.
+    n, dtype = 1024, torch.bfloat16
+    op = op_class(n)
+    params = [torch.randn(n, device="cuda", dtype=dtype) for _ in range(2 if op_class is FusedAddLayerNormFwdOp else 1)]
+    reference = _reference_layer_norm if op_class is FusedAddLayerNormFwdOp else _reference_rms_norm
+    for shape in [(64, n), (16384, n), (8192, n), (2, 4096, n)]:
+        x, r = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
+        y, total = op(x, r, *params)
+        torch.testing.assert_close(total, x + r, atol=0, rtol=0)
+        torch.testing.assert_close(y, reference(x + r, *params), atol=1.6e-2, rtol=1.6e-2)
+        ((_, kernel),) = op.built_kernels()
+        plain_y, plain_total = torch.empty_like(x), torch.empty_like(x)
+        kernel._launches[x.dim()](x, r, *params, plain_y, plain_total)
+        assert torch.equal(y, plain_y) and torch.equal(total, plain_total), shape
+    assert kernel.config["variant"] == "register"
+    assert sorted(kernel._evict_first_launches) == [2, 3]  # built for the two 16 MiB calls only
+
+
 def test_request_tune_times_candidates_once_keeps_the_result_correct_and_shows_the_config(capfd):
     # A shape no other test builds, so this process has not tuned it yet.
     n, rows = 1000, 1536

@@ -208,3 +208,25 @@ def test_tuning_skips_candidates_that_fail_and_says_how_many(monkeypatch, tmp_pa
 def test_tuning_with_no_candidate_that_runs_names_every_failure(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="no candidate ran:\n.*candidate 0 does not compile\n.*candidate 1"):
         _tune_with(monkeypatch, tmp_path, [10.0, 5.0], 4, broken=(0, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_only_the_fused_kinds_in_registers_have_an_evict_first_build_and_only_from_sm80(dtype):
+    # The build serves calls whose x is over 10 MiB and at most 16 MiB, whatever the row length.
+    window = (10 * 2**20 // dtype.itemsize, 16 * 2**20 // dtype.itemsize)
+    for kind in programs.KINDS:
+        for variant in programs.VARIANTS:
+            config = programs.launch_config(kind, variant, 1024, dtype)
+            expected = window if kind.startswith("add_") and variant == "register" else None
+            assert programs.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_90"}) == expected
+            assert programs.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_75"}) is None
+
+
+def test_an_evict_first_build_where_there_is_none_is_refused_with_the_reason():
+    config = programs.launch_config("rms_norm", "register", 4096, torch.bfloat16)
+    with pytest.raises(ValueError, match="fused kinds in registers.*not rms_norm mode=register"):
+        programs.make_program("rms_norm", 4096, torch.bfloat16, 1e-5, True, False, evict_first_inputs=True, **config)
+    config = programs.launch_config("add_rms_norm", "register", 4096, torch.bfloat16)
+    with pytest.raises(ValueError, match="cache_priorities=False"):
+        programs.make_program("add_rms_norm", 4096, torch.bfloat16, 1e-5, True, False, evict_first_inputs=True,
+                              cache_priorities=False, **config)

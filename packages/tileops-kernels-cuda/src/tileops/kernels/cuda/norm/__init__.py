@@ -7,7 +7,8 @@ reads it twice and keeps it in L1/L2 in between by eviction priority (any length
 norms' long rows and layer_norm's short ones), and ``<kind>_scalar`` serves every length and
 alignment without vector accesses. Their boundaries are ``programs.refusal`` (measured on an
 H200); where several serve a call the order above decides (``preferred_over``), and the scalar
-one is ``general``.
+one is ``general``. The fused kinds' register variant has a second build for calls whose x
+straddles the L2 (``programs.evict_first_elements``), chosen per call by x's size.
 
 Importing this module does not import tilelang; building a kernel does.
 """
@@ -72,6 +73,11 @@ class _TileLangNorm(Kernel):
     def _use(self, config: dict[str, Any]) -> None:
         self._launches = _CompiledByRank(lambda rank: self._compile(config, rank))
         self._launches[2]  # the usual (m, n) rows are compiled with the kernel, not on a call
+        # The second build, where there is one, compiles on the first call that needs it.
+        self._evict_first_elements = programs.evict_first_elements(self.kind, self._shape[1], config, self._target)
+        self._evict_first_launches = _CompiledByRank(
+            lambda rank: self._compile({**config, "evict_first_inputs": True}, rank)
+        )
         self.config = {"variant": self.variant, **config}
 
     def _compile(self, config: dict[str, Any], rank: int = 2):
@@ -95,14 +101,16 @@ class _TileLangNorm(Kernel):
         """
         self._tune_pending = tuning.chosen(self._tuning_key) is None
 
-    def _launch_elsewhere(self, tensors: tuple[torch.Tensor, ...]) -> None:
+    def _launch_elsewhere(self, tensors: tuple[torch.Tensor, ...], evict_first: bool = False) -> None:
         """The launch when the fast check in ``forward`` fails: a tuning request is pending, or
         the call's GPU is not the current one (TileLang launches in the current device's
-        context, so it is made current for the launch, and restored)."""
+        context, so it is made current for the launch, and restored). evict_first: the call
+        takes the second build (see ``_use``)."""
         with torch.cuda.device(self._device_index):
             if self._tune_pending:
                 self._tune(tensors)
-            self._launches[tensors[0].dim()](*tensors)
+            launches = self._evict_first_launches if evict_first else self._launches
+            launches[tensors[0].dim()](*tensors)
 
     @property
     def _tune_pending(self) -> bool:
@@ -133,7 +141,7 @@ class _TileLangNorm(Kernel):
 
 # The forwards below are the whole per-call cost of these kernels on small (decode) shapes, so
 # each builds its argument tuple (the compiled kernel takes only the tensors that exist) and
-# launches inline: one device check, no helper calls.
+# launches inline: one device check, no helper calls. The fused ones first pick the build.
 
 
 class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
@@ -172,10 +180,12 @@ class _FusedAddRMSNorm(_TileLangNorm, FusedAddRMSNormFwdInterface):
         y = torch.empty_like(x)
         total = torch.empty_like(x)
         tensors = (x, residual, y, total) if weight is None else (x, residual, weight, y, total)
+        window = self._evict_first_elements
+        evict_first = window is not None and window[0] < x.numel() <= window[1]
         if current_device_index() == self._launch_device:
-            self._launches[x.dim()](*tensors)
+            (self._evict_first_launches if evict_first else self._launches)[x.dim()](*tensors)
         else:
-            self._launch_elsewhere(tensors)
+            self._launch_elsewhere(tensors, evict_first)
         return y, total
 
 
@@ -189,10 +199,12 @@ class _FusedAddLayerNorm(_TileLangNorm, FusedAddLayerNormFwdInterface):
             tensors = (x, residual, y, total) if weight is None else (x, residual, weight, y, total)
         else:
             tensors = (x, residual, bias, y, total) if weight is None else (x, residual, weight, bias, y, total)
+        window = self._evict_first_elements
+        evict_first = window is not None and window[0] < x.numel() <= window[1]
         if current_device_index() == self._launch_device:
-            self._launches[x.dim()](*tensors)
+            (self._evict_first_launches if evict_first else self._launches)[x.dim()](*tensors)
         else:
-            self._launch_elsewhere(tensors)
+            self._launch_elsewhere(tensors, evict_first)
         return y, total
 
 

@@ -99,6 +99,15 @@ _MAX_THREADS = 1024
 # fastest with all of a thread's vectors in flight, up to 8, and at least a warp per
 # row; rms_norm with 4 (N = 16384: 1024 threads per row ran 1.5x slower than 512).
 _STREAMED_VECTORS_PER_THREAD = {"layer_norm": 8, "rms_norm": 4}
+# The fused kinds in registers read x and the residual once. Loading them "evict first" leaves
+# the L2 to the outputs, which pays on calls whose x is over 10 and at most 16 MiB. On an H200
+# (ops called as in ``tileops bench``, fresh outputs each call; bf16, fp16, fp32, N = 256 ..
+# 4096): 1-5% faster from 12 to 16 MiB (2048 x 4096 add_rms_norm bf16: 18.1 -> 17.4 us, as
+# torch.compile's kernel, which loads them so), 7-18% slower from 7.8 to 10 MiB (inputs that
+# a plain load would have kept in L2 for the next call), 2-5% slower from 20 MiB up. Those calls
+# get a second build of the kernel (``evict_first_elements``): one kernel that chose by its
+# row count cost up to 5% on the others.
+_FUSED_EVICT_FIRST_X_BYTES = (10 * 2**20, 16 * 2**20)
 
 
 # --------------------------------------------------------------------------
@@ -387,6 +396,7 @@ def make_program(
     preload: bool = False,
     leading: int = 1,
     cache_priorities: bool = True,
+    evict_first_inputs: bool = False,
 ):
     """The TileLang PrimFunc for one configuration (see ``launch_config``).
 
@@ -397,12 +407,12 @@ def make_program(
     load weight and bias with x, before the reduction, rather than after it;
     leading: how many leading (batch) dimensions x, residual, y and s have, each
     symbolic: the kernel takes the caller's (..., N) tensors as they are, and
-    its rows are their product (none: one row); cache_priorities: whether the
-    streamed mode may load with eviction priorities (PTX of sm_80 and later;
-    ``compile_config`` decides from the target).
+    its rows are their product (none: one row); cache_priorities: whether
+    loads may carry eviction priorities (PTX of sm_80 and later; ``compile_config``
+    decides from the target): the streamed mode's always do; evict_first_inputs:
+    load x and the residual "evict first" (the fused kinds in registers with 16-byte
+    vectors and cache priorities; see ``evict_first_elements``).
     """
-    import tilelang.language as T
-
     _check_kind(kind, has_bias)
     if n % vec or tpr & (tpr - 1) or tpr * rows > _MAX_THREADS:
         raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} for N={n}")
@@ -410,6 +420,13 @@ def make_program(
         raise ValueError(f"leading={leading}: a count of leading dimensions is at least 0")
     fused = kind.startswith("add_")
     layer = kind.endswith("layer_norm")
+    if evict_first_inputs and not (_has_evict_first_build(kind, mode, vec, dtype) and cache_priorities):
+        raise ValueError(
+            f"evict_first_inputs is for the fused kinds in registers with 16-byte vectors and cache priorities, "
+            f"not {kind} mode={mode} vec={vec} {dtype} cache_priorities={cache_priorities}"
+        )
+    import tilelang.language as T
+
     dt = _TL_DTYPES[dtype]
     f32 = "float32"
     threads = tpr * rows
@@ -448,10 +465,14 @@ def make_program(
     # keeps it in L1/L2 by cache priority: rows and weight/bias are loaded
     # "evict last" and the second pass's re-read "evict first" (16-byte accesses).
     prioritised = cache_priorities and mode == "streamed" and vec * dtype.itemsize == 16
+    hinted = prioritised or evict_first_inputs
+    # x is read again in pass 2 only by the streamed single norms (the fused kinds re-read s);
+    # a load without priority is an ordinary one.
+    x_priority = "evict_first" if evict_first_inputs else None if cached or fused else "evict_last"
 
     @T.macro
     def load_row(dst, di, src, row_, col, priority):
-        if prioritised and priority is not None:
+        if hinted and priority is not None:
             T.call_extern("handle", f"tileops_load_{priority}", T.address_of(dst[di]), T.address_of(src[row_, col]))
         else:
             for v in lanes(vec):
@@ -504,7 +525,7 @@ def make_program(
         r = T.reshape(r_in, (m, n)) if fused else r_in
         s = T.reshape(s_in, (m, n)) if fused else s_in
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
-            if prioritised:
+            if hinted:
                 T.import_source(_PRIORITY_LOADS)
             tx = T.get_thread_binding()
             lane = tx % tpr
@@ -542,11 +563,9 @@ def make_program(
                     slot = (st * step + u) if cached else u
                     bi = (slot * threads + tx) * vec if mode == "shared" else slot * vec
                     if vi < nv:
-                        # x is read again in pass 2 only by the streamed single norms (the fused
-                        # kinds re-read s); a load without priority is an ordinary one.
-                        load_row(buf, bi, x, src, vi * vec, None if cached or fused else "evict_last")
+                        load_row(buf, bi, x, src, vi * vec, x_priority)
                         if fused:
-                            load_row(res, u * vec, r, src, vi * vec, None)
+                            load_row(res, u * vec, r, src, vi * vec, "evict_first" if evict_first_inputs else None)
                         if preload and has_weight:
                             load_param(wl, u * vec, w, vi * vec)
                         if preload and has_bias:
@@ -654,6 +673,22 @@ __device__ __forceinline__ void tileops_load_{priority}(T* dst, const T* src) {{
 
 
 _PRIORITY_LOADS = _priority_load("evict_last") + _priority_load("evict_first")
+
+
+def _has_evict_first_build(kind: str, mode: str, vec: int, dtype: torch.dtype) -> bool:
+    return kind.startswith("add_") and mode == "register" and vec * dtype.itemsize == 16
+
+
+def evict_first_elements(kind: str, dtype: torch.dtype, config: dict[str, Any], target: str | dict):
+    """Sizes of x, in elements, on which the kernel of ``kind`` with launch ``config`` runs its
+    second build, the one that loads x and the residual "evict first" (``make_program``'s
+    ``evict_first_inputs``): over the first and at most the second. None where there is no
+    such build (the single norms, other modes, GPUs without cache priorities).
+    """
+    if not (_has_evict_first_build(kind, config["mode"], config["vec"], dtype) and _has_cache_priorities(target)):
+        return None
+    above, up_to = _FUSED_EVICT_FIRST_X_BYTES
+    return above // dtype.itemsize, up_to // dtype.itemsize
 
 
 def _has_cache_priorities(target: str | dict) -> bool:
