@@ -39,6 +39,8 @@ from tileops.core.timing import gpu_time_us as graph_replay_time_us
 from tileops.ops import FAMILIES
 from tileops.testing import workload_for_shape, workload_inputs
 
+from .output import shape_argument
+
 CALLS = 40
 REPLAYS = 15
 SMALL_SHAPE_BYTES = 4 << 20  # below this, report the host-inclusive call time too
@@ -180,14 +182,6 @@ def _cases(op_names: Iterable[str], workload_names: Iterable[str], dtypes: Itera
                         yield op_class, workload, dtype
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``8192x7168`` (or ``8192,7168``) as a shape; ValueError that quotes the text."""
-    parts = text.replace(",", "x").split("x")
-    if not all(part.strip().isdigit() for part in parts):
-        raise ValueError(f"--shape {text!r}: expected sizes separated by 'x', such as 8192x7168")
-    return tuple(int(part) for part in parts)
-
-
 def machine() -> dict[str, str]:
     """What a table's figures depend on besides the code: when, which GPU, which versions."""
     major, minor = torch.cuda.get_device_capability()
@@ -290,8 +284,7 @@ def run(args) -> int:
         print("tileops bench: --shape and --workload select different workloads; give one of them", file=sys.stderr)
         return 2
     try:
-        shapes = [parse_shape(text) for text in args.shape or ()]
-        cases = list(_cases(args.ops, args.workload or (), args.dtype or (), shapes))
+        cases = list(_cases(args.ops, args.workload or (), args.dtype or (), args.shape or ()))
     except ValueError as error:
         print(f"tileops bench: {error}", file=sys.stderr)
         return 2
@@ -365,7 +358,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("ops", nargs="*", help="op class names (default: every op)")
     parser.add_argument("--workload", action="append", help="only these manifest workloads (repeatable)")
     parser.add_argument(
-        "--shape", action="append", help="time this shape of the first input instead, e.g. 8192x7168 (repeatable)"
+        "--shape",
+        action="append",
+        type=shape_argument,
+        help="time this shape of the first input instead, e.g. 8192x7168 (repeatable)",
     )
     parser.add_argument("--dtype", action="append", help="only these dtypes (default: each workload's first)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles each workload)")

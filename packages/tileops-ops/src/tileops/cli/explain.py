@@ -27,8 +27,8 @@ from tileops.core.registry import BUILTIN, describe_callable
 from tileops.core.targets import bind_target, check_target_name
 from tileops.ops import FAMILIES
 
-from .family_calls import FAMILY_CALLS, DescribedCall, Shape
-from .output import UsageError, print_json
+from .family_calls import FAMILY_CALLS, DescribedCall
+from .output import UsageError, print_json, shape_argument
 
 #: The optional inputs the command line can leave out, by input name.
 _OPTIONAL_INPUT_FLAGS = ("weight", "bias")
@@ -47,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog="Exit status: 0 when the call would be served, 1 when it would raise, 2 for a bad command line.",
     )
     parser.add_argument("op", metavar="OP", help="the op's class name, e.g. RMSNormFwdOp")
-    parser.add_argument("--shape", required=True, type=_shape, help="shape of the op's first input, e.g. 8,4096")
+    parser.add_argument("--shape", required=True, type=shape_argument, help="shape of the op's first input, e.g. 8x4096 or 8,4096")
     parser.add_argument(
         "--dtype", default="bfloat16", choices=list(DTYPES), help="dtype of the inputs (default: bfloat16)"
     )
@@ -65,7 +65,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--target", help="explain as if the op were constructed with target=TARGET")
     parser.add_argument(
         "--normalized-shape",
-        type=_shape,
+        type=shape_argument,
         help="norm ops: the dimensions to normalize over (default: the last one of --shape)",
     )
     parser.add_argument("--eps", type=float, help="norm ops: eps (default: the op's default)")
@@ -80,16 +80,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
-
-
-def _shape(text: str) -> Shape:
-    try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated sizes such as 8,4096, got {text!r}") from None
-    if any(size < 0 for size in shape):
-        raise argparse.ArgumentTypeError(f"sizes cannot be negative: {text!r}")
-    return shape
 
 
 def _device(text: str) -> torch.device:

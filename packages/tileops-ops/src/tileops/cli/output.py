@@ -1,7 +1,9 @@
-"""What the subcommands share: the usage error, JSON printing and text in aligned columns."""
+"""What the subcommands share: the usage error, the shape syntax, JSON printing and text in
+aligned columns."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -9,6 +11,17 @@ from typing import Any
 
 class UsageError(Exception):
     """The command line names something that does not exist; ``main`` prints it and exits 2."""
+
+
+def shape_argument(text: str) -> tuple[int, ...]:
+    """A shape as the command line spells it, sizes separated by 'x' or ',' (``8192x7168``,
+    ``8,4096``); for argparse's ``type=``, which reports the error with the option's name."""
+    parts = [part.strip() for part in text.replace(",", "x").split("x")]
+    if all(part.isascii() and part.isdigit() for part in parts):
+        return tuple(int(part) for part in parts)
+    if all(part.removeprefix("-").isascii() and part.removeprefix("-").isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"sizes cannot be negative, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected sizes separated by 'x' or ',', such as 8192x7168 or 8,4096, got {text!r}")
 
 
 def print_json(data: Any) -> None:
