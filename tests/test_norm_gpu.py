@@ -156,6 +156,26 @@ def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_wit
     assert sorted(kernel._evict_first_launches) == [2, 3]  # built for the two 16 MiB calls only
 
 
+def test_a_graph_captures_a_fused_call_whose_evict_first_build_is_not_built_yet():
+    # Warmed up on decode rows only: the captured call (16 MiB) is the first to want the second
+    # build, which compiles and loads while the stream captures, and the replay computes right.
+    op = FusedAddRMSNormFwdOp(1024)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    op(*(torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2)), w)
+    ((_, kernel),) = op.built_kernels()
+    assert not kernel._evict_first_launches
+    x, r = (torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, total = op(x, r, w)
+    assert sorted(kernel._evict_first_launches) == [2]
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(total, x + r, atol=0, rtol=0)
+    torch.testing.assert_close(y, _reference_rms_norm(x + r, w), atol=1.6e-2, rtol=1.6e-2)
+
+
 def test_request_tune_times_candidates_once_keeps_the_result_correct_and_shows_the_config(capfd):
     # A shape no other test builds, so this process has not tuned it yet.
     n, rows = 1000, 1536
