@@ -534,3 +534,17 @@ def test_a_shape_binds_the_named_dimensions_other_inputs_use_and_says_what_it_ca
     with_table = entry({"x": [2, 3], "scale": [3], "table": [4]})
     with pytest.raises(ValueError, match="the shape of table \\(\\['K'\\]\\) names 'K', which neither x's shape nor workload 'w' gives"):
         workload_for_shape(with_table, (5, 7))
+
+
+def test_the_command_runs_from_a_source_tree_where_no_distribution_is_installed(capsys, monkeypatch):
+    # PYTHONPATH=packages/*/src, as the GPU tier runs it: no installed metadata to read versions from.
+    import importlib.metadata
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == "tileops from a source tree (tileops-ops is not installed)"

@@ -18,7 +18,6 @@ import argparse
 import csv
 import dataclasses
 import datetime
-import importlib.metadata
 import io
 import json
 import math
@@ -39,7 +38,7 @@ from tileops.core.timing import gpu_time_us as graph_replay_time_us
 from tileops.ops import FAMILIES
 from tileops.testing import workload_for_shape, workload_inputs
 
-from .output import shape_argument
+from .output import installed_version, shape_argument
 
 CALLS = 40
 REPLAYS = 15
@@ -185,17 +184,13 @@ def _cases(op_names: Iterable[str], workload_names: Iterable[str], dtypes: Itera
 def machine() -> dict[str, str]:
     """What a table's figures depend on besides the code: when, which GPU, which versions."""
     major, minor = torch.cuda.get_device_capability()
-    try:
-        tilelang_version = importlib.metadata.version("tilelang")
-    except importlib.metadata.PackageNotFoundError:
-        tilelang_version = "not installed"
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": f"{torch.cuda.get_device_name()} (sm_{major}{minor})",
         "driver": _driver_version(),
         "torch": torch.__version__,
         "torch_cuda": str(torch.version.cuda),
-        "tilelang": tilelang_version,
+        "tilelang": installed_version("tilelang") or "not installed",
         "python": platform.python_version(),
     }
 

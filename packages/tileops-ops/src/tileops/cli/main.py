@@ -8,18 +8,17 @@ handles it: ``ops`` (list_ops), ``backends`` (list_backends), ``explain``, ``che
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 from collections.abc import Sequence
 
 import torch
 
 from . import bench, check, explain, list_backends, list_ops, overhead
-from .output import UsageError
+from .output import UsageError, installed_version
 
 
 def _version() -> str:
-    return importlib.metadata.version("tileops-ops")
+    return installed_version("tileops-ops") or "from a source tree (tileops-ops is not installed)"
 
 
 def _best_device() -> torch.device:

@@ -1,9 +1,10 @@
-"""What the subcommands share: the usage error, the shape syntax, JSON printing and text in
-aligned columns."""
+"""What the subcommands share: the usage error, the shape syntax, installed versions, JSON
+printing and text in aligned columns."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +12,15 @@ from typing import Any
 
 class UsageError(Exception):
     """The command line names something that does not exist; ``main`` prints it and exits 2."""
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``; None where it is not installed (as when the
+    packages run from a source tree on ``PYTHONPATH``)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def shape_argument(text: str) -> tuple[int, ...]:
