@@ -214,8 +214,9 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
                 raise ValueError(f"{entry.name}: dimension {cursor} of {first.name} must be {dim}, got {shape[cursor]}")
             cursor += 1
         elif dim.startswith("*"):
-            params[dim[1:]] = list(shape[cursor:cursor + width(dim)])
-            cursor += width(dim)
+            covered = width(dim)
+            params[dim[1:]] = list(shape[cursor:cursor + covered])
+            cursor += covered
         else:
             (params if dim in params else dims)[dim] = shape[cursor]
             cursor += 1
