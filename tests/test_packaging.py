@@ -39,6 +39,12 @@ def test_the_ops_wheel_and_sdist_carry_the_manifest(dist):
         assert any(m.endswith("/manifest/norm.yaml") and m.count("/") == 2 for m in archive.getnames())
 
 
+def test_the_cuda_kernels_wheel_carries_the_launchers_cpp_source(dist):
+    # fast_launch.py compiles it on the user's machine; without it every call takes the Python forward.
+    names = zipfile.ZipFile(_wheel(dist, "tileops-kernels-cuda")).namelist()
+    assert {"tileops/kernels/cuda/fast_launch.cpp", "tileops/kernels/cuda/fast_launch.py"} <= set(names)
+
+
 def test_a_wheel_built_from_the_ops_sdist_carries_the_manifest(dist, tmp_path):
     (sdist,) = dist.glob("tileops_ops-*.tar.gz")
     run_uv("build", "--wheel", str(sdist), "-o", str(tmp_path))

@@ -1,9 +1,11 @@
-"""What the CUDA kernels need to know about the device they are built for, and how they are
-launched."""
+"""What the CUDA kernels need to know about the device and machine they are built on, and how
+they are launched."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +17,12 @@ def compile_target(device: torch.device) -> dict[str, str]:
     """The TileLang target for ``device``: CUDA for its own architecture (e.g. sm_90)."""
     facts = facts_for(device)
     return {"kind": "cuda", "arch": f"sm_{facts.arch}"}
+
+
+def cache_root() -> Path:
+    """Where the kernels keep what they work out once per machine (tuned configurations, the
+    C++ launch path): ``$TILEOPS_CACHE_DIR``, by default ``~/.cache/tileops``."""
+    return Path(os.environ.get("TILEOPS_CACHE_DIR") or Path.home() / ".cache" / "tileops")
 
 
 #: The index of the current CUDA device. ``torch.cuda.current_device`` first makes sure CUDA is

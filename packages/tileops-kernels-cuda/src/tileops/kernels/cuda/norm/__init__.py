@@ -10,6 +10,9 @@ H200); where several serve a call the order above decides (``preferred_over``), 
 one is ``general``. The fused kinds' register variant has a second build for calls whose x
 straddles the L2 (``programs.evict_first_elements``), chosen per call by x's size.
 
+Each kernel's forward is the C++ ``fast_launch.Launcher`` where that could be built, and the
+Python forward below otherwise; the C++ one hands the Python one every call it does not handle.
+
 Importing this module does not import tilelang; building a kernel does.
 """
 
@@ -31,6 +34,7 @@ from tileops.ops.norm import (
 )
 
 from . import programs, tuning
+from .. import fast_launch
 from ..device import compile_target, current_device_index, launcher
 
 
@@ -57,10 +61,12 @@ class _TileLangNorm(Kernel):
 
     kind: ClassVar[str]
     variant: ClassVar[str]
+    outputs: ClassVar[int]  # tensors like x that forward allocates and returns
     takes_leading_dims = True
 
     def __init__(self, call: NormCall) -> None:
         super().__init__()
+        self._fast_forward = None
         self.device = call.device
         self._device_index = call.device.index
         self._target = compile_target(call.device)
@@ -79,6 +85,17 @@ class _TileLangNorm(Kernel):
             lambda rank: self._compile({**config, "evict_first_inputs": True}, rank)
         )
         self.config = {"variant": self.variant, **config}
+        self._fast_forward = fast_launch.launcher(
+            type(self).forward.__get__(self), self._entry, self._launch_device, self.outputs,
+            self._evict_first_elements,
+        )
+        if self._fast_forward is not None:
+            # An instance attribute: the op's kernel.forward(...) calls the C++ launcher directly.
+            self.forward = self._fast_forward
+
+    def _entry(self, rank: int, second_build: bool):
+        """The launch function for tensors of ``rank``, of the second build or the first."""
+        return (self._evict_first_launches if second_build else self._launches)[rank]
 
     def _compile(self, config: dict[str, Any], rank: int = 2):
         return launcher(programs.compile_config(self.kind, *self._shape, self._target, leading=rank - 1, **config))
@@ -121,6 +138,8 @@ class _TileLangNorm(Kernel):
         # ``forward`` compares the current device with ``_launch_device`` and nothing else, so
         # a pending request is kept as a device index no GPU has.
         self._launch_device = -1 if pending else self._device_index
+        if self._fast_forward is not None:
+            self._fast_forward.device = self._launch_device
 
     def _tune(self, tensors: tuple[torch.Tensor, ...]) -> None:
         if torch.cuda.is_current_stream_capturing():
@@ -146,6 +165,7 @@ class _TileLangNorm(Kernel):
 
 class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
     kind = "rms_norm"
+    outputs = 1
 
     def forward(self, x, weight):
         y = torch.empty_like(x)
@@ -159,6 +179,7 @@ class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
 
 class _LayerNorm(_TileLangNorm, LayerNormFwdInterface):
     kind = "layer_norm"
+    outputs = 1
 
     def forward(self, x, weight, bias):
         y = torch.empty_like(x)
@@ -175,6 +196,7 @@ class _LayerNorm(_TileLangNorm, LayerNormFwdInterface):
 
 class _FusedAddRMSNorm(_TileLangNorm, FusedAddRMSNormFwdInterface):
     kind = "add_rms_norm"
+    outputs = 2
 
     def forward(self, x, residual, weight):
         y = torch.empty_like(x)
@@ -191,6 +213,7 @@ class _FusedAddRMSNorm(_TileLangNorm, FusedAddRMSNormFwdInterface):
 
 class _FusedAddLayerNorm(_TileLangNorm, FusedAddLayerNormFwdInterface):
     kind = "add_layer_norm"
+    outputs = 2
 
     def forward(self, x, residual, weight, bias):
         y = torch.empty_like(x)

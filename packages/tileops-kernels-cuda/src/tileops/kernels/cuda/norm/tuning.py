@@ -25,6 +25,8 @@ import torch
 
 from tileops.core.timing import gpu_time_us
 
+from ..device import cache_root
+
 #: A candidate must beat the default by this factor to replace it: closer timings are noise.
 _MARGIN = 0.97
 _TIMED_LAUNCHES = 20
@@ -39,8 +41,7 @@ _lock = threading.RLock()
 
 def store_path() -> Path:
     """The file tuned configurations are kept in."""
-    root = os.environ.get("TILEOPS_CACHE_DIR") or Path.home() / ".cache" / "tileops"
-    return Path(root) / "norm-tuning.json"
+    return cache_root() / "norm-tuning.json"
 
 
 def _text(key: tuple) -> str:
