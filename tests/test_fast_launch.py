@@ -52,7 +52,7 @@ def test_turned_off_by_the_environment_it_is_not_built_and_kernels_keep_the_pyth
 import warnings
 warnings.simplefilter("error")
 from tileops.kernels.cuda import fast_launch
-print(fast_launch.launcher(print, print, 0, 1, None), fast_launch.unavailable_reason(), sep="|")
+print(fast_launch.launcher(print, print, 0, 1, (-1, 0, -1)), fast_launch.unavailable_reason(), sep="|")
 """
     result = run_python(code, env={"TILEOPS_FAST_LAUNCH": "0", "TILEOPS_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
@@ -66,8 +66,8 @@ import warnings
 from tileops.kernels.cuda import fast_launch
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    first = fast_launch.launcher(print, print, 0, 1, None)
-    second = fast_launch.launcher(print, print, 0, 2, (1, 2))
+    first = fast_launch.launcher(print, print, 0, 1, (-1, 0, -1))
+    second = fast_launch.launcher(print, print, 0, 2, (8, 10, 20))
 print(first, second, len(caught), caught[0].category.__name__, sep="|")
 print(caught[0].message)
 """
@@ -108,7 +108,7 @@ class _Forward:
 @pytest.mark.compile
 def test_every_call_it_cannot_launch_goes_to_the_python_forward_unchanged(module):
     forward = _Forward()
-    launcher = module.Launcher(forward, lambda rank, second: pytest.fail("nothing to resolve"), 0, 1, 0, -1)
+    launcher = module.Launcher(forward, lambda rank, build: pytest.fail("nothing to resolve"), 0, 1, -1, 0, -1)
     x, w = torch.zeros(2, 8), torch.ones(8)
     calls = [
         ((x, w), {}),  # CPU tensors
@@ -129,7 +129,7 @@ def test_every_call_it_cannot_launch_goes_to_the_python_forward_unchanged(module
 
 @pytest.mark.compile
 def test_its_device_can_be_set_to_send_every_call_to_python(module):
-    launcher = module.Launcher(_Forward(), print, 0, 2, 0, -1)
+    launcher = module.Launcher(_Forward(), print, 0, 2, -1, 0, -1)
     assert launcher.device == 0
     launcher.device = -1
     assert launcher.device == -1
@@ -138,7 +138,7 @@ def test_its_device_can_be_set_to_send_every_call_to_python(module):
 @pytest.mark.compile
 def test_a_launcher_for_other_than_one_or_two_outputs_is_refused(module):
     with pytest.raises(ValueError, match="outputs must be 1 or 2, got 3"):
-        module.Launcher(_Forward(), print, 0, 3, 0, -1)
+        module.Launcher(_Forward(), print, 0, 3, -1, 0, -1)
 
 
 @pytest.mark.compile
@@ -148,7 +148,7 @@ def test_a_launcher_whose_fallback_refers_back_to_it_is_collected(module):
             return args
 
     kernel = Kernel()
-    kernel.forward = module.Launcher(kernel.forward, print, 0, 1, 0, -1)  # as the norm kernels do
+    kernel.forward = module.Launcher(kernel.forward, print, 0, 1, -1, 0, -1)  # as the norm kernels do
     alive = weakref.ref(kernel)
     del kernel
     gc.collect()

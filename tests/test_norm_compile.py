@@ -120,6 +120,26 @@ def test_the_fused_register_kernels_second_build_loads_x_and_the_residual_evict_
     assert lines == [f"{kind} False True ['r', 'x']" for kind in ("add_rms_norm", "add_layer_norm")], result.stdout[-2000:]
 
 
+FEW_ROWS = """
+import torch
+from tileops.kernels.cuda.norm import programs
+target = {"kind": "cuda", "arch": "sm_90"}
+for kind, n in [("layer_norm", 2048), ("add_layer_norm", 2048), ("rms_norm", 1024), ("add_layer_norm", 1024)]:
+    config = programs.launch_config(kind, programs.choose_variant(kind, n, torch.bfloat16, True), n, torch.bfloat16)
+    few_rows = programs.few_row_config(kind, n, torch.bfloat16, config)
+    has_bias = kind.endswith("layer_norm")
+    kernel = programs.compile_config(kind, n, torch.bfloat16, 1e-5, True, has_bias, target, leading=2, **few_rows)
+    print(kind, n, "__global__" in kernel.get_kernel_source())
+"""
+
+
+def test_the_few_row_builds_compile_for_sm90(tmp_path):
+    result = run_python(FEW_ROWS, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line for line in result.stdout.splitlines() if line.endswith(("True", "False"))]
+    assert lines == ["layer_norm 2048 True", "add_layer_norm 2048 True", "rms_norm 1024 True", "add_layer_norm 1024 True"]
+
+
 LAUNCHER = """
 import torch
 from tileops.kernels.cuda.device import launcher

@@ -156,6 +156,49 @@ def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_wit
     assert sorted(kernel._evict_first_launches) == [2, 3]  # built for the two 16 MiB calls only
 
 
+@pytest.mark.parametrize(
+    ("op_class", "n", "dtype"),
+    [(LayerNormFwdOp, 2048, torch.bfloat16), (LayerNormFwdOp, 768, torch.float16), (FusedAddLayerNormFwdOp, 2048, torch.bfloat16),
+     (FusedAddLayerNormFwdOp, 1024, torch.float16), (RMSNormFwdOp, 1024, torch.bfloat16)],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_calls_of_at_most_1024_rows_take_the_few_row_build_and_compute_alike(op_class, n, dtype):
+    # Rows of 1.5-4 KiB: up to 1024 rows (any rank) one row per block in registers, more rows
+    # the main build; both against the reference, and the few-row build close to the main one.
+    atol, rtol = TOLERANCE[dtype]
+    fused, layer = op_class in (FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp), op_class in (LayerNormFwdOp, FusedAddLayerNormFwdOp)
+    op = op_class(n)
+    params = [torch.randn(n, device="cuda", dtype=dtype) for _ in range(2 if layer else 1)]
+    reference = _reference_layer_norm if layer else _reference_rms_norm
+    for shape in [(1, n), (64, n), (1024, n), (2, 512, n), (1025, n), (4096, n)]:
+        x, r = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
+        y, total = op(x, r, *params) if fused else (op(x, *params), x)
+        torch.testing.assert_close(total, x + r if fused else x, atol=0, rtol=0)
+        torch.testing.assert_close(y, reference(total, *params), atol=atol, rtol=rtol)
+        ((_, kernel),) = op.built_kernels()
+        main_y, main_total = torch.empty_like(x), torch.empty_like(x)
+        kernel._launches[x.dim()](*((x, r) if fused else (x,)), *params, main_y, *((main_total,) if fused else ()))
+        torch.testing.assert_close(y, main_y, atol=atol, rtol=rtol)
+    few_rows = kernel.config["few_row_build"]
+    assert (few_rows["mode"], few_rows["rows"], few_rows["max_rows"]) == ("register", 1, 1024)
+    assert sorted(kernel._few_row_launches) == [2, 3]  # built for the calls of at most 1024 rows only
+
+
+def test_a_tune_request_on_a_few_row_call_tunes_nothing_and_says_so(capfd):
+    op = LayerNormFwdOp(1536)
+    x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(1536, device="cuda", dtype=torch.bfloat16), torch.randn(1536, device="cuda", dtype=torch.bfloat16)
+    op(x, w, b)
+    ((_, kernel),) = op.built_kernels()
+    config = dict(kernel.config)
+    op.request_tune()
+    y = op(x, w, b)
+    err = capfd.readouterr().err
+    assert "not tuned, calls of at most 1024 rows run the few-row build" in err, err
+    assert kernel.config == config and kernel._launch_device == x.device.index  # the request is settled
+    torch.testing.assert_close(y, _reference_layer_norm(x, w, b), atol=1.6e-2, rtol=1.6e-2)
+
+
 def test_a_graph_captures_a_fused_call_whose_evict_first_build_is_not_built_yet():
     # Warmed up on decode rows only: the captured call (16 MiB) is the first to want the second
     # build, which compiles and loads while the stream captures, and the replay computes right.
@@ -243,16 +286,17 @@ def test_inputs_of_more_than_2_31_elements_are_indexed_in_64_bits(op_class, n, k
 
 
 def test_request_tune_on_a_3d_call_times_candidates_of_that_rank(capfd):
-    # Tuning compiles and launches each candidate with the call's own tensors, here (2, 96, n):
+    # Tuning compiles and launches each candidate with the call's own tensors, here (2, 640, n):
     # the candidates must be built for three dimensions, or every launch would be refused.
+    # (More than FEW_ROWS rows: fewer run the few-row build, which is not tuned.)
     n = 768  # a row length no other test tunes
     op = RMSNormFwdOp(n)
-    x, w = torch.randn(2, 96, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    x, w = torch.randn(2, 640, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
     op(x, w)
     op.request_tune()
     y = op(x, w)
     err = capfd.readouterr().err
-    assert "tuning RMSNorm" in err and "on 192 rows" in err and "chose {" in err and "(default " in err, err
+    assert "tuning RMSNorm" in err and "on 1280 rows" in err and "chose {" in err and "(default " in err, err
     assert "failed to compile or launch" not in err, err
     torch.testing.assert_close(y, _reference_rms_norm(x, w), atol=1.6e-2, rtol=1.6e-2)
 

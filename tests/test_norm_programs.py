@@ -222,6 +222,39 @@ def test_only_the_fused_kinds_in_registers_have_an_evict_first_build_and_only_fr
             assert programs.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_75"}) is None
 
 
+@pytest.mark.parametrize(
+    ("kind", "n", "dtype", "expected"),
+    [
+        # The measured rows of 1.5 to 4 KiB: one row per block in registers, two or three vectors per thread.
+        ("layer_norm", 768, torch.bfloat16, (32, True)),
+        ("layer_norm", 1024, torch.float16, (64, True)),
+        ("layer_norm", 1536, torch.bfloat16, (64, False)),
+        ("layer_norm", 2048, torch.bfloat16, (128, False)),
+        ("add_layer_norm", 1024, torch.bfloat16, (64, True)),
+        ("add_layer_norm", 2048, torch.bfloat16, (128, False)),
+        ("rms_norm", 1024, torch.bfloat16, (64, True)),
+        # None: rows of 1 KiB or less, or over 4 KiB; launches already one register row per block;
+        # float32 (not measured); the scalar variant (no 16-byte vectors).
+        ("rms_norm", 512, torch.bfloat16, None),
+        ("layer_norm", 4096, torch.bfloat16, None),
+        ("rms_norm", 2048, torch.bfloat16, None),
+        ("add_rms_norm", 1024, torch.bfloat16, None),
+        ("layer_norm", 512, torch.float32, None),
+        ("layer_norm", 1001, torch.bfloat16, None),
+    ],
+)
+def test_the_few_row_build_is_for_rows_over_1_and_up_to_4_kib_not_already_one_per_block(kind, n, dtype, expected):
+    variant = programs.choose_variant(kind, n, dtype, True)
+    config = programs.launch_config(kind, variant, n, dtype)
+    few_rows = programs.few_row_config(kind, n, dtype, config)
+    if expected is None:
+        assert few_rows is None
+        return
+    tpr, preload = expected
+    assert few_rows == {**config, "mode": "register", "rows": 1, "tpr": tpr, "unroll": 4, "preload": preload}
+    assert programs.FEW_ROWS == 1024
+
+
 def test_an_evict_first_build_where_there_is_none_is_refused_with_the_reason():
     config = programs.launch_config("rms_norm", "register", 4096, torch.bfloat16)
     with pytest.raises(ValueError, match="fused kinds in registers.*not rms_norm mode=register"):

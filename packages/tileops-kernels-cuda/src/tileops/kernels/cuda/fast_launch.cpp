@@ -21,6 +21,7 @@
 namespace {
 
 constexpr int kMaxRank = 8;
+constexpr int kBuilds = 3;  // the main build, the evict-first one, the few-row one
 constexpr int kMaxInputs = 6;
 constexpr int kMaxOutputs = 2;
 // No entry resolved for a rank yet (nullptr), or one that cannot be called from here.
@@ -31,11 +32,12 @@ struct Launcher {
   vectorcallfunc vectorcall;
   int device;        // the device launches happen on; -1 sends every call to the fallback
   int outputs;       // tensors allocated like x, returned alone or as a tuple
-  long long window_low, window_high;  // x.numel() in (low, high] takes the second build
-  PyObject* fallback;                  // the kernel's Python forward
-  PyObject* resolve;                   // resolve(rank, second_build) -> TileLang entry or None
-  PyObject* entries[2][kMaxRank + 1];  // kept alive for the handles below
-  void* handles[2][kMaxRank + 1];
+  // x.numel() up to few_rows takes build 2; over evict_first_above and up to evict_first_up_to, build 1.
+  long long few_rows, evict_first_above, evict_first_up_to;
+  PyObject* fallback;                        // the kernel's Python forward
+  PyObject* resolve;                         // resolve(rank, build) -> TileLang entry or None
+  PyObject* entries[kBuilds][kMaxRank + 1];  // kept alive for the handles below
+  void* handles[kBuilds][kMaxRank + 1];
 };
 
 bool dl_dtype(c10::ScalarType type, DLDataType* out) {
@@ -67,11 +69,11 @@ PyObject* call_fallback(Launcher* self, PyObject* const* args, size_t nargsf, Py
   return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }
 
-// The entry's C handle for (second_build, rank), asking Python once per pair.
-void* handle_for(Launcher* self, int second_build, int rank) {
-  void* handle = self->handles[second_build][rank];
+// The entry's C handle for (build, rank), asking Python once per pair.
+void* handle_for(Launcher* self, int build, int rank) {
+  void* handle = self->handles[build][rank];
   if (handle != nullptr) return handle;
-  PyObject* entry = PyObject_CallFunction(self->resolve, "ii", rank, second_build);
+  PyObject* entry = PyObject_CallFunction(self->resolve, "ii", rank, build);
   if (entry == nullptr) return nullptr;
   handle = kNoHandle;
   if (entry != Py_None) {
@@ -90,9 +92,9 @@ void* handle_for(Launcher* self, int second_build, int rank) {
   if (handle == kNoHandle) {
     Py_DECREF(entry);
   } else {
-    self->entries[second_build][rank] = entry;
+    self->entries[build][rank] = entry;
   }
-  self->handles[second_build][rank] = handle;
+  self->handles[build][rank] = handle;
   return handle;
 }
 
@@ -134,8 +136,10 @@ PyObject* launcher_call(PyObject* object, PyObject* const* args, size_t nargsf, 
   int rank = static_cast<int>(x.dim());
   if (rank < 1 || rank > kMaxRank) return call_fallback(self, args, nargsf, kwnames);
   long long elements = x.numel();
-  int second_build = self->window_low < elements && elements <= self->window_high;
-  void* handle = handle_for(self, second_build, rank);
+  int build = elements <= self->few_rows                                                 ? 2
+              : self->evict_first_above < elements && elements <= self->evict_first_up_to ? 1
+                                                                                          : 0;
+  void* handle = handle_for(self, build, rank);
   if (handle == nullptr) return nullptr;
   if (handle == kNoHandle) return call_fallback(self, args, nargsf, kwnames);
 
@@ -178,12 +182,13 @@ PyObject* launcher_call(PyObject* object, PyObject* const* args, size_t nargsf, 
 }
 
 PyObject* launcher_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  static const char* names[] = {"fallback", "resolve", "device", "outputs", "window_low", "window_high", nullptr};
+  static const char* names[] = {"fallback", "resolve", "device", "outputs", "few_rows", "evict_first_above",
+                                "evict_first_up_to", nullptr};
   PyObject *fallback, *resolve;
   int device, outputs;
-  long long low, high;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiiLL", const_cast<char**>(names), &fallback, &resolve,
-                                   &device, &outputs, &low, &high)) {
+  long long few_rows, above, up_to;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiiLLL", const_cast<char**>(names), &fallback, &resolve,
+                                   &device, &outputs, &few_rows, &above, &up_to)) {
     return nullptr;
   }
   if (outputs < 1 || outputs > kMaxOutputs) {
@@ -195,8 +200,9 @@ PyObject* launcher_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->vectorcall = launcher_call;
   self->device = device;
   self->outputs = outputs;
-  self->window_low = low;
-  self->window_high = high;
+  self->few_rows = few_rows;
+  self->evict_first_above = above;
+  self->evict_first_up_to = up_to;
   Py_INCREF(fallback);
   self->fallback = fallback;
   Py_INCREF(resolve);
@@ -218,7 +224,7 @@ int launcher_clear(PyObject* object) {
   auto* self = reinterpret_cast<Launcher*>(object);
   Py_CLEAR(self->fallback);
   Py_CLEAR(self->resolve);
-  for (int build = 0; build < 2; ++build) {
+  for (int build = 0; build < kBuilds; ++build) {
     for (int rank = 0; rank <= kMaxRank; ++rank) {
       Py_CLEAR(self->entries[build][rank]);
       self->handles[build][rank] = nullptr;
@@ -249,7 +255,8 @@ PyModuleDef module_definition = {PyModuleDef_HEAD_INIT, "tileops_fast_launch",
 
 PyMODINIT_FUNC PyInit_tileops_fast_launch() {
   LauncherType.tp_name = "tileops_fast_launch.Launcher";
-  LauncherType.tp_doc = "Launcher(fallback, resolve, device, outputs, window_low, window_high)";
+  LauncherType.tp_doc =
+      "Launcher(fallback, resolve, device, outputs, few_rows, evict_first_above, evict_first_up_to)";
   LauncherType.tp_basicsize = sizeof(Launcher);
   LauncherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
   LauncherType.tp_vectorcall_offset = offsetof(Launcher, vectorcall);

@@ -162,23 +162,22 @@ def unavailable_reason() -> str | None:
 
 def launcher(
     fallback: Callable[..., Any],
-    resolve: Callable[[int, bool], Any],
+    resolve: Callable[[int, int], Any],
     device: int,
     outputs: int,
-    second_build_window: tuple[int, int] | None,
+    build_sizes: tuple[int, int, int],
 ) -> Callable[..., Any] | None:
     """A C++ forward for a kernel, or None where the launch path cannot be built.
 
     fallback: the kernel's Python forward, called with the same arguments whenever the C++ one
-    does not handle a call. resolve(rank, second_build): the TileLang entry for tensors of that
-    rank (compiling it if needed), or None to leave that rank to the fallback. device: the CUDA
-    device index calls launch on (-1: none yet, every call goes to the fallback; the
-    ``device`` attribute can change it). outputs: how many tensors like x it allocates and
-    returns (1: the tensor, 2: a pair). second_build_window: (low, high], x.numel() in it takes
-    the second build.
+    does not handle a call. resolve(rank, build): the TileLang entry of that build for tensors
+    of that rank (compiling it if needed), or None to leave them to the fallback. device: the
+    CUDA device index calls launch on (-1: every call goes to the fallback; the ``device``
+    attribute can change it). outputs: how many tensors like x it allocates and returns (1: the
+    tensor, 2: a pair). build_sizes: (few_rows, above, up_to): x.numel() of at most few_rows
+    takes build 2, over above and at most up_to build 1, any other build 0.
     """
     module = _module()
     if module is None:
         return None
-    low, high = second_build_window or (0, -1)
-    return module.Launcher(fallback, resolve, device, outputs, low, high)
+    return module.Launcher(fallback, resolve, device, outputs, *build_sizes)

@@ -7,8 +7,10 @@ reads it twice and keeps it in L1/L2 in between by eviction priority (any length
 norms' long rows and layer_norm's short ones), and ``<kind>_scalar`` serves every length and
 alignment without vector accesses. Their boundaries are ``programs.refusal`` (measured on an
 H200); where several serve a call the order above decides (``preferred_over``), and the scalar
-one is ``general``. The fused kinds' register variant has a second build for calls whose x
-straddles the L2 (``programs.evict_first_elements``), chosen per call by x's size.
+one is ``general``. Besides its main build, a kernel may have two more, chosen per call by x's
+size: a few-row build for calls of at most ``programs.FEW_ROWS`` rows
+(``programs.few_row_config``), and, in the fused kinds' register variant, one for calls whose
+x straddles the L2 (``programs.evict_first_elements``).
 
 Each kernel's forward is the C++ ``fast_launch.Launcher`` where that could be built, and the
 Python forward below otherwise; the C++ one hands the Python one every call it does not handle.
@@ -18,6 +20,7 @@ Importing this module does not import tilelang; building a kernel does.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -77,25 +80,45 @@ class _TileLangNorm(Kernel):
         self._use(programs.launch_config(self.kind, self.variant, call.n, call.dtype) if tuned is None else tuned)
 
     def _use(self, config: dict[str, Any]) -> None:
+        n, dtype = self._shape[:2]
+        few_rows = programs.few_row_config(self.kind, n, dtype, config)
+        window = programs.evict_first_elements(self.kind, dtype, config, self._target)
+        # Sizes of x (elements) that take the few-row build (up to the first) or the evict-first
+        # one (over the second and up to the third); -1 where a build is absent.
+        self._build_sizes = (
+            -1 if few_rows is None else programs.FEW_ROWS * n,
+            *((0, -1) if window is None else window),
+        )
         self._launches = _CompiledByRank(lambda rank: self._compile(config, rank))
         self._launches[2]  # the usual (m, n) rows are compiled with the kernel, not on a call
-        # The second build, where there is one, compiles on the first call that needs it.
-        self._evict_first_elements = programs.evict_first_elements(self.kind, self._shape[1], config, self._target)
+        # The other builds, where there are any, compile on the first call that needs them.
         self._evict_first_launches = _CompiledByRank(
             lambda rank: self._compile({**config, "evict_first_inputs": True}, rank)
         )
+        self._few_row_launches = _CompiledByRank(lambda rank: self._compile(few_rows, rank))
+        self._builds = (self._launches, self._evict_first_launches, self._few_row_launches)
         self.config = {"variant": self.variant, **config}
+        if few_rows is not None:
+            self.config["few_row_build"] = {"max_rows": programs.FEW_ROWS, **few_rows}
+        if window is not None:
+            self.config["evict_first_build"] = {"x_bytes": tuple(size * dtype.itemsize for size in window)}
         self._fast_forward = fast_launch.launcher(
-            type(self).forward.__get__(self), self._entry, self._launch_device, self.outputs,
-            self._evict_first_elements,
+            type(self).forward.__get__(self), self._entry, self._launch_device, self.outputs, self._build_sizes
         )
         if self._fast_forward is not None:
             # An instance attribute: the op's kernel.forward(...) calls the C++ launcher directly.
             self.forward = self._fast_forward
 
-    def _entry(self, rank: int, second_build: bool):
-        """The launch function for tensors of ``rank``, of the second build or the first."""
-        return (self._evict_first_launches if second_build else self._launches)[rank]
+    def _build_for(self, elements: int) -> int:
+        """Which build serves x of ``elements``: 0 the main one, 1 evict-first, 2 few-row."""
+        few_rows, evict_first_above, evict_first_up_to = self._build_sizes
+        if elements <= few_rows:
+            return 2
+        return 1 if evict_first_above < elements <= evict_first_up_to else 0
+
+    def _entry(self, rank: int, build: int):
+        """The launch function of ``build`` (see ``_build_for``) for tensors of ``rank``."""
+        return self._builds[build][rank]
 
     def _compile(self, config: dict[str, Any], rank: int = 2):
         return launcher(programs.compile_config(self.kind, *self._shape, self._target, leading=rank - 1, **config))
@@ -118,16 +141,14 @@ class _TileLangNorm(Kernel):
         """
         self._tune_pending = tuning.chosen(self._tuning_key) is None
 
-    def _launch_elsewhere(self, tensors: tuple[torch.Tensor, ...], evict_first: bool = False) -> None:
+    def _launch_elsewhere(self, tensors: tuple[torch.Tensor, ...], build: int) -> None:
         """The launch when the fast check in ``forward`` fails: a tuning request is pending, or
         the call's GPU is not the current one (TileLang launches in the current device's
-        context, so it is made current for the launch, and restored). evict_first: the call
-        takes the second build (see ``_use``)."""
+        context, so it is made current for the launch, and restored)."""
         with torch.cuda.device(self._device_index):
             if self._tune_pending:
-                self._tune(tensors)
-            launches = self._evict_first_launches if evict_first else self._launches
-            launches[tensors[0].dim()](*tensors)
+                build = self._tune(tensors, build)
+            self._builds[build][tensors[0].dim()](*tensors)
 
     @property
     def _tune_pending(self) -> bool:
@@ -141,11 +162,17 @@ class _TileLangNorm(Kernel):
         if self._fast_forward is not None:
             self._fast_forward.device = self._launch_device
 
-    def _tune(self, tensors: tuple[torch.Tensor, ...]) -> None:
+    def _tune(self, tensors: tuple[torch.Tensor, ...], build: int) -> int:
+        """Tune the main build on this call's tensors; the build that serves the call after."""
         if torch.cuda.is_current_stream_capturing():
-            return  # a graph being captured must not see the trial launches; tune after
+            return build  # a graph being captured must not see the trial launches; tune after
         n, dtype = self._shape[:2]
         what = f"{type(self).__name__} n={n} {str(dtype).removeprefix('torch.')} on {tensors[0].numel() // n} rows"
+        if build == 2:
+            print(f"tuning {what}: not tuned, calls of at most {programs.FEW_ROWS} rows run the few-row build, "
+                  "whose configuration is fixed", file=sys.stderr)
+            self._tune_pending = False
+            return build
         rank = tensors[0].dim()
         config = tuning.tune(
             self._tuning_key,
@@ -156,11 +183,12 @@ class _TileLangNorm(Kernel):
         )
         self._use(config)
         self._tune_pending = False
+        return self._build_for(tensors[0].numel())
 
 
-# The forwards below are the whole per-call cost of these kernels on small (decode) shapes, so
-# each builds its argument tuple (the compiled kernel takes only the tensors that exist) and
-# launches inline: one device check, no helper calls. The fused ones first pick the build.
+# The forwards below serve the calls the C++ launcher hands over (and every call where it could
+# not be built): each builds its argument tuple (the compiled kernel takes only the tensors
+# that exist), picks the build and launches inline, with one device check.
 
 
 class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
@@ -170,10 +198,11 @@ class _RMSNorm(_TileLangNorm, RMSNormFwdInterface):
     def forward(self, x, weight):
         y = torch.empty_like(x)
         tensors = (x, y) if weight is None else (x, weight, y)
+        build = self._build_for(x.numel())
         if current_device_index() == self._launch_device:
-            self._launches[x.dim()](*tensors)
+            self._builds[build][x.dim()](*tensors)
         else:
-            self._launch_elsewhere(tensors)
+            self._launch_elsewhere(tensors, build)
         return y
 
 
@@ -187,10 +216,11 @@ class _LayerNorm(_TileLangNorm, LayerNormFwdInterface):
             tensors = (x, y) if weight is None else (x, weight, y)
         else:
             tensors = (x, bias, y) if weight is None else (x, weight, bias, y)
+        build = self._build_for(x.numel())
         if current_device_index() == self._launch_device:
-            self._launches[x.dim()](*tensors)
+            self._builds[build][x.dim()](*tensors)
         else:
-            self._launch_elsewhere(tensors)
+            self._launch_elsewhere(tensors, build)
         return y
 
 
@@ -202,12 +232,11 @@ class _FusedAddRMSNorm(_TileLangNorm, FusedAddRMSNormFwdInterface):
         y = torch.empty_like(x)
         total = torch.empty_like(x)
         tensors = (x, residual, y, total) if weight is None else (x, residual, weight, y, total)
-        window = self._evict_first_elements
-        evict_first = window is not None and window[0] < x.numel() <= window[1]
+        build = self._build_for(x.numel())
         if current_device_index() == self._launch_device:
-            (self._evict_first_launches if evict_first else self._launches)[x.dim()](*tensors)
+            self._builds[build][x.dim()](*tensors)
         else:
-            self._launch_elsewhere(tensors, evict_first)
+            self._launch_elsewhere(tensors, build)
         return y, total
 
 
@@ -222,12 +251,11 @@ class _FusedAddLayerNorm(_TileLangNorm, FusedAddLayerNormFwdInterface):
             tensors = (x, residual, y, total) if weight is None else (x, residual, weight, y, total)
         else:
             tensors = (x, residual, bias, y, total) if weight is None else (x, residual, weight, bias, y, total)
-        window = self._evict_first_elements
-        evict_first = window is not None and window[0] < x.numel() <= window[1]
+        build = self._build_for(x.numel())
         if current_device_index() == self._launch_device:
-            (self._evict_first_launches if evict_first else self._launches)[x.dim()](*tensors)
+            self._builds[build][x.dim()](*tensors)
         else:
-            self._launch_elsewhere(tensors, evict_first)
+            self._launch_elsewhere(tensors, build)
         return y, total
 
 
