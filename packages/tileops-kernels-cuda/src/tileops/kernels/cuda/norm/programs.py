@@ -37,6 +37,10 @@ Variants (the dispatcher chooses with the ``*_refusal`` functions, or takes
 The first three use 16-byte vector accesses and therefore need
 N * itemsize % 16 == 0 and 16-byte aligned data pointers.
 
+A variant's kernel runs its launch configuration (``launch_config``) and may have
+two more builds for some calls, by x's size: a few-row build (``few_row_config``)
+and an evict-first one for the fused kinds (``evict_first_elements``).
+
 Kernel call convention (positional, caller-allocated outputs, no out_idx)::
 
     rms_norm        kernel(x, [weight], y)
