@@ -94,6 +94,24 @@ def test_it_is_built_once_per_machine_and_a_later_process_loads_it_without_compi
     assert result.stdout.splitlines()[:2] == [str(path), "None"]
 
 
+@pytest.mark.compile
+def test_threads_that_need_it_at_once_wait_for_one_compilation(tmp_path):
+    code = """
+import threading
+from tileops.kernels.cuda import fast_launch
+compiled, real = [], fast_launch._compile
+fast_launch._compile = lambda *args: (compiled.append(1), real(*args))
+modules = []
+threads = [threading.Thread(target=lambda: modules.append(fast_launch._module())) for _ in range(3)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print(len(compiled), len(modules), all(m is not None for m in modules))
+"""
+    result = run_python(code, env={"TILEOPS_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "3", "True"]
+
+
 class _Forward:
     """A Python forward that records its calls."""
 

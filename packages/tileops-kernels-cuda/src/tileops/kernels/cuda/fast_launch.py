@@ -7,8 +7,8 @@ allocates through ATen and hands the entry DLTensors built on the stack. It is c
 kernel's forward and sends every call it does not handle to the Python forward, which serves
 them all.
 
-It is compiled on the first kernel build of a process with the C++ compiler (``$CXX``, else
-``c++``) against the torch, tvm-ffi, Python and CUDA headers in use, into
+It is compiled when the first kernel is built on a machine, with the C++ compiler (``$CXX``, else
+``c++``), against the torch, tvm-ffi, Python and CUDA headers in use, into
 ``$TILEOPS_CACHE_DIR/fast-launch/<key>/`` (see ``device.cache_root``); the key covers the source
 and those versions, so later processes load it. Where it cannot be built, kernels keep their
 Python forward, a warning says why once, and ``unavailable_reason()`` tells. Setting
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,8 @@ _MODULE_NAME = "tileops_fast_launch"  # the name PyInit_ in the source is built 
 _BUILD_TIMEOUT_S = 600
 
 _unavailable: str | None = None
+# Threads building kernels at once wait for one compilation, then load its result.
+_build_lock = threading.Lock()
 
 
 class _CannotBuild(Exception):
@@ -140,10 +143,11 @@ def _module() -> ModuleType | None:
         compiler = _compiler()
         folder = cache_root() / "fast-launch" / _build_key(compiler)
         target = folder / f"{_MODULE_NAME}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-        if not target.is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            _compile(compiler, target)
-        return _load(target)
+        with _build_lock:
+            if not target.is_file():
+                folder.mkdir(parents=True, exist_ok=True)
+                _compile(compiler, target)
+            return _load(target)
     except (_CannotBuild, OSError, ImportError) as error:
         _unavailable = str(error)
     warnings.warn(
