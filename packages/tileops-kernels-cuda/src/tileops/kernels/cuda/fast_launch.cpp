@@ -4,8 +4,9 @@
 //
 // A Launcher is called as the kernel's forward: the interface's arguments, positionally, None
 // for an absent optional input. Whatever is not the plain case (keywords, an argument that is not
-// a CUDA tensor of a dtype the kernels take, another current device, a rank whose entry is not
-// compiled yet or has no C handle) goes to the kernel's Python forward, which serves every call.
+// a CUDA tensor of a dtype the kernels take, another current device, a pending tuning request,
+// a rank whose entry has no C handle) goes to the kernel's Python forward, which serves every
+// call. An entry not compiled yet is compiled through `resolve` on its first call.
 
 #include <Python.h>
 #include <structmember.h>

@@ -9,8 +9,8 @@ them all.
 
 It is compiled when the first kernel is built on a machine, with the C++ compiler (``$CXX``, else
 ``c++``), against the torch, tvm-ffi, Python and CUDA headers in use, into
-``$TILEOPS_CACHE_DIR/fast-launch/<key>/`` (see ``device.cache_root``); the key covers the source
-and those versions, so later processes load it. Where it cannot be built, kernels keep their
+``$TILEOPS_CACHE_DIR/fast-launch/<key>/`` (see ``device.cache_root``); the key covers the source, the
+build's flags and those versions, so later processes load it. Where it cannot be built, kernels keep their
 Python forward, a warning says why once, and ``unavailable_reason()`` tells. Setting
 ``TILEOPS_FAST_LAUNCH=0`` keeps the Python forward without trying.
 """
@@ -92,8 +92,9 @@ def _compiler() -> str:
 def _build_key(compiler: str) -> str:
     import tvm_ffi
 
-    facts = [_SOURCE.read_bytes(), torch.__version__, str(torch.version.cuda), tvm_ffi.__version__,
-             sys.version, platform.machine(), compiler]
+    # This file too: it holds the compiler flags and libraries the build uses.
+    facts = [_SOURCE.read_bytes(), Path(__file__).read_bytes(), torch.__version__, str(torch.version.cuda),
+             tvm_ffi.__version__, sys.version, platform.machine(), compiler]
     digest = hashlib.sha256()
     for fact in facts:
         digest.update(fact if isinstance(fact, bytes) else fact.encode())
