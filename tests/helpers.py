@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from tileops.core.call_path import CallDeclined, call_path_factory
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,29 +40,17 @@ def run_uv(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return result
 
 
-class _TargetProbe:
-    """Stands in for an op bound to another target, so a generated call path hands over the
-    checked call instead of running anything."""
-
-    _target = "probe"
-    forward = None
-
-    @staticmethod
-    def _run_bound(call):
-        return call
-
-    @staticmethod
-    def _call_declined(*arguments):
-        return None
-
-
 def generated_bind(signature, params, args: tuple = (), kwargs: dict | None = None):
     """The ``BoundCall`` the generated call path of an op with ``signature`` and ``params``
-    makes of a call, or None where it declines it (a call only the reference binder serves)."""
-    factory = signature.call_path_factory(params, "builtin")
+    makes of a call, or None where it declines it (a call only the reference binder serves).
+
+    The path is made as for an op bound to another target, so that it hands over the checked
+    call instead of running anything."""
+    factory = call_path_factory(signature, params)
     if factory is None:
         return None
+    call_path = factory(forward=None, run_bound=lambda call: call, runs_forward=False, check_results=True)
     try:
-        return factory(_TargetProbe())(*args, **(kwargs or {}))
-    except TypeError:  # Python refused the arguments before the path ran: Op.__call__ declines too
+        return call_path(*args, **(kwargs or {}))
+    except (CallDeclined, TypeError):  # TypeError: Python refused the arguments, and Op.__call__ declines too
         return None

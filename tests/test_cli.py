@@ -89,25 +89,20 @@ def _rms_norm_op_with(**attributes) -> type:
 
 
 def test_ops_says_which_in_tree_keys_are_not_installed_and_how_to_install_them(capsys, monkeypatch):
-    ghost = _rms_norm_op_with(
-        in_tree_kernels={
-            RMSNormFwdInterface: {
-                **RMSNormFwdOp.in_tree_kernels[RMSNormFwdInterface],
-                "ghost": "tileops.kernels.ghost.norm:GhostKernel",
-            }
-        }
-    )
+    ghost = _rms_norm_op_with(kernel_tables=(*RMSNormFwdOp.kernel_tables, "tileops.kernels.ghost.norm:KERNELS"))
     monkeypatch.setattr(list_ops, "FAMILIES", {"norm": (ghost,)})
     code, out = run_cli(capsys, "ops")
     assert code == 0
     assert (
-        "ghost is not installed: tileops.kernels.ghost.norm is not installed; pip install tileops-kernels-ghost"
+        "tileops.kernels.ghost.norm is not installed: tileops.kernels.ghost.norm is not installed; "
+        "pip install tileops-kernels-ghost"
     ) in out
     _, ops = run_json(capsys, "ops")
     keys = {impl["key"]: impl for impl in ops[0]["interfaces"][0]["implementations"]}
-    assert keys["ghost"]["installed"] is False and keys["ghost"]["distribution"] is None
-    assert keys["ghost"]["class"] == "tileops.kernels.ghost.norm.GhostKernel"
-    assert keys["torch_cpu"]["installed"] is True
+    ghost_key = keys["tileops.kernels.ghost.norm"]
+    assert ghost_key["installed"] is False and ghost_key["distribution"] is None
+    assert ghost_key["class"] == "tileops.kernels.ghost.norm.KERNELS"
+    assert keys["torch_cpu"]["installed"] is True and keys["rms_norm"]["installed"] is True
 
 
 # -- backends -------------------------------------------------------------------------------------
@@ -305,16 +300,157 @@ def test_explain_resolves_eps_as_the_op_does_and_passes_bias_flags(capsys):
     assert "n=128" in spec and "eps=0.001" in spec and "has_weight=True, has_bias=False" in spec
 
 
+def test_explain_takes_any_param_as_param_name_value_read_as_the_manifest_declares_it(capsys):
+    code, report = run_json(capsys, *EXPLAIN_HOPPER, "--shape", "4,2,64", "--param", "normalized_shape=2x64",
+                            "--param", "eps=1e-6")
+    assert code == 0 and report["served"], report
+    assert report["params"] == {"normalized_shape": [2, 64], "eps": 1e-6}
+    assert report["call"]["inputs"] == {"x": [4, 2, 64], "weight": [2, 64]}
+    assert "n=128" in report["interfaces"][0]["call_spec"] and "eps=1e-06" in report["interfaces"][0]["call_spec"]
+    # None where the manifest lets the param be null: the op's default, torch's eps of the dtype.
+    _, report = run_json(capsys, *EXPLAIN_HOPPER, "--shape", "8,64", "--param", "eps=None")
+    assert report["params"]["eps"] is None and "eps=0.0078125" in report["interfaces"][0]["call_spec"]
+
+
+def test_explain_omits_the_optional_inputs_named_and_passes_every_other(capsys):
+    _, report = run_json(capsys, "explain", "FusedAddLayerNormFwdOp", "--shape", "8,64", "--device", "cpu",
+                         "--omit", "weight")
+    assert report["call"]["inputs"] == {"x": [8, 64], "residual": [8, 64], "bias": [64]}
+    assert "has_weight=False, has_bias=True" in report["interfaces"][0]["call_spec"]
+    _, report = run_json(capsys, "explain", "FusedAddLayerNormFwdOp", "--shape", "8,64", "--device", "cpu",
+                         "--omit", "weight", "--omit", "bias")
+    assert report["call"]["inputs"] == {"x": [8, 64], "residual": [8, 64]}
+
+
+def test_explain_of_misaligned_tensors_asks_the_op_and_refuses_the_vectorised_kernels(capsys):
+    _, report = run_json(capsys, *EXPLAIN_HOPPER, "--shape", "8,4096", "--misaligned")
+    assert report["call"]["aligned"] is False
+    (interface,) = report["interfaces"]
+    assert "aligned=False" in interface["call_spec"] and interface["selected"] == "rms_norm_scalar"
+
+
+def test_explain_builds_the_call_spec_through_the_ops_own_call_spec():
+    from tileops.core.tensor_description import TensorDescription
+
+    op = RMSNormFwdOp(4096, 1e-6)
+    device = torch.device("cuda")
+    x = TensorDescription(device, torch.float16, (8, 4096), address=2)
+    specs = op.call_specs(device, {"x": x})
+    assert specs == {RMSNormFwdInterface: op.call_spec(RMSNormFwdInterface, device, torch.float16, False, False, False)}
+    assert specs[RMSNormFwdInterface] == RMSNormCall(device, 4096, torch.float16, 1e-6, False, False, False)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["explain", "NoSuchOp", "--shape", "8"], "no op is named 'NoSuchOp'; the ops are RMSNormFwdOp"),
-        (["explain", "RMSNormFwdOp", "--shape", "8,64", "--bias"], "RMSNormFwdOp has no optional input 'bias'"),
+        (["explain", "RMSNormFwdOp", "--shape", "8,64", "--no-bias"], "RMSNormFwdOp has no optional input 'bias'"),
+        (
+            ["explain", "RMSNormFwdOp", "--shape", "8,64", "--omit", "bias"],
+            "RMSNormFwdOp: --omit bias: RMSNormFwdOp has no optional input 'bias' (no input 'bias' in RMSNormFwdOp; "
+            "its optional inputs: weight)",
+        ),
+        (
+            ["explain", "RMSNormFwdOp", "--shape", "8,64", "--omit", "x"],
+            "'x' is a required input of RMSNormFwdOp",
+        ),
+        (
+            ["explain", "RMSNormFwdOp", "--shape", "8,64", "--param", "epsilon=1e-6"],
+            "RMSNormFwdOp: --param epsilon=1e-6: RMSNormFwdOp has no param 'epsilon' (its params: normalized_shape, eps)",
+        ),
+        (
+            ["explain", "RMSNormFwdOp", "--shape", "8,64", "--param", "eps=small"],
+            "RMSNormFwdOp: --param eps=small: expected a number, such as 1e-6 or 0.5, or None (param eps is "
+            "declared float), got 'small'",
+        ),
+        (
+            ["explain", "LayerNormFwdOp", "--shape", "8,64", "--param", "eps=None"],
+            "LayerNormFwdOp: --param eps=None: expected a number, such as 1e-6 or 0.5 (param eps is declared float)",
+        ),
+        (
+            ["explain", "RMSNormFwdOp", "--shape", "8,64", "--param", "normalized_shape=8x-64"],
+            "RMSNormFwdOp: --param normalized_shape=8x-64: expected sizes separated by 'x' or ',', such as 4096, "
+            "8x64 or 8,64 (param normalized_shape is declared shape), got '8x-64'",
+        ),
+        (
+            ["explain", "RMSNormFwdOp", "--shape", "8,64", "--eps", "tiny"],
+            "RMSNormFwdOp: --eps tiny: expected a number",
+        ),
     ],
 )
-def test_explain_usage_errors_exit_2(capsys, argv, message):
+def test_explain_usage_errors_name_the_op_the_flag_what_was_expected_and_what_came(capsys, argv, message):
     code, out = run_cli(capsys, *argv)
-    assert code == 2 and message in out
+    assert code == 2 and message in out, out
+
+
+def test_a_param_flag_without_a_value_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["explain", "RMSNormFwdOp", "--shape", "8,64", "--param", "eps"])
+    assert info.value.code == 2
+    assert "argument --param: expected NAME=VALUE, got 'eps'" in capsys.readouterr().err
+
+
+def test_a_family_adapters_shorthand_means_the_param_or_omission_it_stands_for(capsys):
+    sugar = run_json(capsys, "explain", "LayerNormFwdOp", "--shape", "4,2,64", "--device", "cpu",
+                     "--normalized-shape", "2x64", "--eps", "0.001", "--no-bias")
+    generic = run_json(capsys, "explain", "LayerNormFwdOp", "--shape", "4,2,64", "--device", "cpu",
+                       "--param", "normalized_shape=2x64", "--param", "eps=0.001", "--omit", "bias")
+    assert sugar == generic and sugar[1]["params"] == {"normalized_shape": [2, 64], "eps": 0.001}
+
+
+def test_a_shorthand_of_another_family_is_refused_for_an_op(capsys, monkeypatch):
+    from tileops.cli import call_flags
+
+    adapters = dict(call_flags.family_adapters())
+    adapters["pool"] = type(sys)("tileops.ops.pool.command_line")
+    adapters["pool"].PARAM_FLAGS = {"--window": "window"}
+    monkeypatch.setattr(call_flags, "family_adapters", lambda: adapters)
+    code, out = run_cli(capsys, "explain", "RMSNormFwdOp", "--shape", "8,64", "--window", "3")
+    assert code == 2
+    assert "RMSNormFwdOp: --window is a shorthand of the pool family's ops; RMSNormFwdOp is of family norm" in out
+
+
+def test_families_are_found_without_a_list_and_every_op_is_importable_from_tileops_ops():
+    import tileops.ops
+    import tileops.ops.norm
+
+    assert tileops.ops.FAMILIES == {"norm": tileops.ops.norm.OPS}
+    assert [op.__name__ for op in tileops.ops.norm.OPS] == NORM_OPS
+    for op_class in tileops.ops.norm.OPS:
+        assert getattr(tileops.ops, op_class.__name__) is op_class and op_class.__name__ in tileops.ops.__all__
+
+
+def test_the_shared_layers_name_no_family_op_input_or_param():
+    """Core, the command line, tileops.testing and the shared CUDA runtime know no family: no
+    family's name, op class, or input or param name of three letters or more appears in them
+    (a one- or two-letter name such as x is every language's word)."""
+    import re
+
+    import tileops.cli
+    import tileops.core
+    import tileops.kernels.cuda
+    import tileops.testing
+    from tileops.ops import FAMILIES
+
+    names = set(FAMILIES)
+    for op_classes in FAMILIES.values():
+        for op_class in op_classes:
+            entry = op_class.manifest_entry()
+            names |= {op_class.__name__, *(decl.name for decl in (*entry.inputs, *entry.params))}
+    names = sorted(name for name in names if len(name) >= 3)
+    words = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9])", re.IGNORECASE)
+    runtime = Path(tileops.kernels.cuda.__file__).parent
+    shared = [
+        *Path(tileops.core.__file__).parent.rglob("*.py"),
+        *Path(tileops.cli.__file__).parent.glob("*.py"),
+        *Path(tileops.testing.__file__).parent.glob("*.py"),
+        *runtime.glob("*.py"),
+        *runtime.glob("*.cpp"),
+    ]
+    assert len(shared) > 20
+    for path in shared:
+        hits = [line.strip() for line in path.read_text().splitlines() if words.search(line)]
+        assert hits == [], f"{path}: {hits}"
 
 
 @pytest.mark.parametrize(
@@ -401,6 +537,17 @@ def test_demo_still_runs_every_op(capsys):
     assert out.count("served by torch_cpu") == 4
 
 
+def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsys):
+    code, out = run_cli(capsys, "demo", "LayerNormFwdOp", "--device", "cpu", "--shape", "3x2x64",
+                        "--param", "normalized_shape=2x64", "--omit", "bias")
+    assert code == 0, out
+    (line,) = [line for line in out.splitlines() if "served by" in line]
+    assert line.split() == ["LayerNormFwdOp", "shape-3x2x64", "x(3,", "2,", "64)", "float32", "target=builtin",
+                            "served", "by", "torch_cpu"]
+    code, out = run_cli(capsys, "demo", "--device", "cpu", "--omit", "bias")
+    assert code == 2 and "RMSNormFwdOp: --omit bias: RMSNormFwdOp has no optional input 'bias'" in out
+
+
 def test_the_console_script_explains_a_call():
     script = Path(sys.executable).with_name("tileops")
     result = subprocess.run(
@@ -416,7 +563,8 @@ def test_overhead_measures_the_op_layer_against_the_kernel_and_leaves_no_registr
     code, out = run_cli(capsys, "overhead", "--calls", "200", "--json")
     assert code == 0
     figures = json.loads(out)
-    assert set(figures) == {"op_us", "kernel_us", "overhead_us", "budget_us"}
+    assert set(figures) == {"op", "op_us", "kernel_us", "overhead_us", "budget_us"}
+    assert figures["op"].startswith("RMSNormFwdOp(normalized_shape=(4096,), eps=None) on decode-1: x (1, 4096) float32")
     assert figures["op_us"] > figures["kernel_us"] > 0
     from tileops.core import registry
 
@@ -493,6 +641,32 @@ def test_bench_shape_derives_every_input_from_the_first_and_the_op_runs_it():
     torch.testing.assert_close(total, inputs["x"] + inputs["residual"])
     expected = F.layer_norm(total, (48,), inputs["weight"], inputs["bias"])
     torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bench_applies_params_and_omissions_to_every_workload_it_times():
+    from tileops.cli.bench import _cases
+    from tileops.cli.call_flags import CallFlags
+
+    flags = CallFlags.of(main_parser_args("bench", "LayerNormFwdOp", "--param", "eps=0.01", "--omit", "bias"))
+    cases = list(_cases(["LayerNormFwdOp"], ["decode-1"], (), (), flags))
+    ((_, workload, _),) = cases
+    assert workload.shapes == {"x": (1, 4096), "weight": (4096,)} and workload.params["eps"] == 0.01
+
+
+def main_parser_args(*argv: str):
+    from tileops.cli.main import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_bench_refuses_unknown_ops_and_bad_flags_before_looking_for_a_gpu(capsys):
+    code, out = run_cli(capsys, "bench", "NoSuchOp")
+    assert code == 2 and "no op is named 'NoSuchOp'" in out
+    code, out = run_cli(capsys, "bench", "RMSNormFwdOp", "--param", "eps=x")
+    assert code == 2 and "RMSNormFwdOp: --param eps=x: expected a number" in out
+    # A param the workload's shapes contradict: the op's own error, before anything runs.
+    code, out = run_cli(capsys, "bench", "RMSNormFwdOp", "--workload", "decode-1", "--param", "normalized_shape=100")
+    assert code == 2 and "workload 'decode-1': RMSNormFwdOp: argument 'x' expected shape" in out, out
 
 
 def test_bench_refuses_shapes_it_cannot_fit_before_looking_for_a_gpu(capsys):

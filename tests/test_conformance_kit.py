@@ -13,6 +13,7 @@ and a backend module that calls its builder function directly at import.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import sys
@@ -56,7 +57,7 @@ def run_checks(checks: Iterable[Check]) -> dict[str, Exception | None]:
     for check in checks:
         try:
             check()
-        except Exception as error:  # the kit's AssertionError, or an error the op raised first
+        except Exception as error:  # noqa: BLE001 - the kit's AssertionError, or an error the op raised first
             outcomes[check.name] = error
         else:
             outcomes[check.name] = None
@@ -260,7 +261,7 @@ def test_the_build_count_check_passes_and_counts_one_build_per_layout(scoped_reg
 
 class RecompilesEveryCall:
     """Builds a fresh kernel inside every call with the backend's own build function, which
-    the kit never sees: it only counts calls of the builder the registry holds."""
+    the kit never sees: it only counts the kernels the op built through the registered builder."""
 
     compilations: ClassVar[list[TensorSpec]] = []
 
@@ -277,7 +278,7 @@ class RecompilesEveryCall:
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="kit gap: the build count check counts calls of the registered builder only, so a "
+    reason="kit gap: the build count check counts the kernels the op built through the registered builder only, so a "
     "kernel that compiles a new kernel on every call (here 3 compilations for 2 layouts) passes it",
 )
 def test_a_kernel_that_recompiles_on_every_call_fails_the_build_count_check(scoped_registry, monkeypatch):
@@ -503,3 +504,17 @@ def test_an_added_kernel_type_is_checked_inside_and_outside_its_region(scoped_re
     for error in failed.values():
         assert isinstance(error, AssertionError)
         assert problem in str(error)
+
+
+def test_the_kit_uses_public_names_only():
+    """The kit is what a backend's tests run: it reaches TileOPs through ``tileops.backend``,
+    ``tileops.core``'s own exports, the manifest's data model and the op classes."""
+    import tileops.testing as testing
+
+    public = {"tileops.backend", "tileops.core", "tileops.core.manifest", "tileops.ops"}
+    for module in (testing, testing.conformance):
+        tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        tileops_modules = {name for name in imported if name.split(".")[0] == "tileops"}
+        assert tileops_modules <= public, f"{module.__name__} imports {sorted(tileops_modules - public)}"

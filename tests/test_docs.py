@@ -26,6 +26,9 @@ How a page is written so that this file can check it (one scheme for every page)
   only, never inline in prose.
 * A ```yaml block preceded by ``<!-- yaml: NAME -->`` becomes the string ``NAME`` in the page's
   namespace, for the examples and directives after it; every ```yaml block is named and used.
+* A block preceded by ``<!-- file: PATH -->`` is a whole file of a walkthrough, labelled with
+  the path it is written to. It is not run here: the page's own test writes it and runs what
+  the page says (``adding-an-op-family.md``: ``tests/test_adding_a_family.py``).
 * ``docs_harness`` in the namespace (directives only) does what a page cannot do from the
   public API: ``import_backend`` installs a throwaway backend distribution and imports it
   through TileOPs' own entry-point loader, as TileOPs does when the first op is constructed;
@@ -56,7 +59,7 @@ PAGES = sorted(DOCS.glob("*.md"))
 FENCE_LANGUAGES = {"python", "text", "yaml", "sh", "toml", ""}
 
 _FENCE = re.compile(r"^```([A-Za-z]*)\s*$")
-_COMMENT = re.compile(r"^<!--\s*(gpu|error|warning|output|yaml)\s*(?::\s*(.*?))?\s*-->\s*$")
+_COMMENT = re.compile(r"^<!--\s*(gpu|error|warning|output|yaml|file)\s*(?::\s*(.*?))?\s*-->\s*$")
 
 
 @dataclasses.dataclass
@@ -67,7 +70,7 @@ class Block:
     line: int  # 1-based line of the opening fence
     language: str
     text: str
-    directive: str | None = None  # gpu, error, warning, output or yaml
+    directive: str | None = None  # gpu, error, warning, output, yaml or file
     argument: str = ""
 
     @property
@@ -162,6 +165,8 @@ def run_page(page: Path, tmp_path: Path, *, with_gpu_blocks: bool) -> None:
     torch._dynamo.reset()
     try:
         for block in parse(page):
+            if block.directive == "file":
+                continue  # a walkthrough's file: its page's own test writes and runs it
             if block.language == "python":
                 if block.directive == "gpu" and not with_gpu_blocks:
                     continue
@@ -226,7 +231,11 @@ def test_every_quote_is_checked(page):
             problems.append(f"{block.where}: an {block.directive} directive must precede a ```text block")
         if block.directive == "gpu" and block.language != "python":
             problems.append(f"{block.where}: <!-- gpu --> marks ```python blocks only")
-        if block.language == "yaml" and (block.directive != "yaml" or not block.argument.isidentifier()):
+        if block.directive == "file" and not block.argument:
+            problems.append(f"{block.where}: <!-- file: PATH --> names the file's path")
+        if block.language == "yaml" and block.directive != "file" and (
+            block.directive != "yaml" or not block.argument.isidentifier()
+        ):
             problems.append(f"{block.where}: a ```yaml block needs <!-- yaml: NAME --> before it")
     assert not problems, "\n".join(problems)
 
@@ -236,7 +245,7 @@ def test_every_yaml_example_is_used(page):
     blocks = parse(page)
     unused = []
     for i, block in enumerate(blocks):
-        if block.language != "yaml":
+        if block.language != "yaml" or block.directive == "file":
             continue
         later = "\n".join(b.text + b.argument for b in blocks[i + 1 :] if b.language in ("python", "text"))
         if not re.search(rf"\b{re.escape(block.argument)}\b", later):

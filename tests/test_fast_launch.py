@@ -52,7 +52,8 @@ def test_turned_off_by_the_environment_it_is_not_built_and_kernels_keep_the_pyth
 import warnings
 warnings.simplefilter("error")
 from tileops.kernels.cuda import fast_launch
-print(fast_launch.launcher(print, print, 0, 1, (-1, 0, -1)), fast_launch.unavailable_reason(), sep="|")
+declared = dict(arity=2, order=(0, 1), outputs=(0,), size_of=0, choices=(), default_build=0)
+print(fast_launch.launcher(print, print, 0, **declared), fast_launch.unavailable_reason(), sep="|")
 """
     result = run_python(code, env={"TILEOPS_FAST_LAUNCH": "0", "TILEOPS_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
@@ -66,8 +67,10 @@ import warnings
 from tileops.kernels.cuda import fast_launch
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    first = fast_launch.launcher(print, print, 0, 1, (-1, 0, -1))
-    second = fast_launch.launcher(print, print, 0, 2, (8, 10, 20))
+    first = fast_launch.launcher(print, print, 0, arity=2, order=(0, 1), outputs=(0,), size_of=0, choices=(),
+                                 default_build=0)
+    second = fast_launch.launcher(print, print, 0, arity=3, order=(0, 1, 2), outputs=(0, 0), size_of=0,
+                                  choices=((8, 2), (10, 0), (20, 1)), default_build=0)
 print(first, second, len(caught), caught[0].category.__name__, sep="|")
 print(caught[0].message)
 """
@@ -123,19 +126,29 @@ class _Forward:
         return "from python"
 
 
+def _launcher(module, forward, resolve=None, device=0, arity=2, order=(0, 1), outputs=(0,), size_of=0, choices=(),
+              default_build=0):
+    if resolve is None:
+        def resolve(rank, build):
+            pytest.fail("nothing to resolve")
+    return module.Launcher(forward, resolve, device, arity, order, outputs, size_of, choices, default_build)
+
+
 @pytest.mark.compile
 def test_every_call_it_cannot_launch_goes_to_the_python_forward_unchanged(module):
     forward = _Forward()
-    launcher = module.Launcher(forward, lambda rank, build: pytest.fail("nothing to resolve"), 0, 1, -1, 0, -1)
+    launcher = _launcher(module, forward)
     x, w = torch.zeros(2, 8), torch.ones(8)
     calls = [
         ((x, w), {}),  # CPU tensors
         ((x, None), {}),
         ((x,), {"weight": w}),  # keywords
         ((), {}),
+        ((x,), {}),  # fewer arguments than the kernel declares
+        ((x, w, w), {}),  # more
         (("x", w), {}),  # not a tensor
         ((x.to(torch.float64), w), {}),  # a dtype no kernel takes
-        ((x,) * 7, {}),  # more tensors than any kernel takes
+        ((x,) * 9, {}),  # more tensors than any kernel takes
     ]
     for args, kwargs in calls:
         assert launcher(*args, **kwargs) == "from python"
@@ -146,17 +159,48 @@ def test_every_call_it_cannot_launch_goes_to_the_python_forward_unchanged(module
 
 
 @pytest.mark.compile
-def test_its_device_can_be_set_to_send_every_call_to_python(module):
-    launcher = module.Launcher(_Forward(), print, 0, 2, -1, 0, -1)
-    assert launcher.device == 0
-    launcher.device = -1
-    assert launcher.device == -1
+def test_a_launcher_with_several_builds_and_outputs_like_other_arguments_routes_cpu_calls_to_python(module):
+    # Declarations a kind may make: arguments reordered, three outputs like two arguments, the
+    # build chosen by the second argument's size among four; CPU tensors still go to Python.
+    forward = _Forward()
+    launcher = _launcher(module, forward, arity=3, order=(2, 0, 1), outputs=(1, 0, 1), size_of=1,
+                         choices=((16, 3), (1024, 1), (4096, 2)), default_build=0)
+    assert launcher(torch.zeros(4), torch.zeros(2, 8), None) == "from python"
+    assert len(forward.calls) == 1
 
 
 @pytest.mark.compile
-def test_a_launcher_for_other_than_one_or_two_outputs_is_refused(module):
-    with pytest.raises(ValueError, match="outputs must be 1 or 2, got 3"):
-        module.Launcher(_Forward(), print, 0, 3, -1, 0, -1)
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        ({"arity": 0, "order": ()}, "arity must be 1 to 8 arguments, got 0"),
+        ({"arity": 9, "order": ()}, "arity must be 1 to 8 arguments, got 9"),
+        ({"order": (0, 2)}, r"order holds 2, outside \[0, 2\)"),
+        ({"order": [0, 1]}, "order must be a tuple of at most 8 ints"),
+        ({"order": (0, "1")}, "order must hold ints"),
+        ({"outputs": ()}, "outputs must name at least one argument"),
+        ({"outputs": (0,) * 5}, "outputs must be a tuple of at most 4 ints"),
+        ({"outputs": (-1,)}, r"outputs holds -1, outside \[0, 2\)"),
+        ({"size_of": 2}, r"size_of must be an argument position in \[0, 2\), got 2"),
+        ({"default_build": 8}, r"default_build must be in \[0, 8\), got 8"),
+        ({"choices": ((10, 1), (10, 2))}, "the bounds of choices must increase, and 10 follows 10"),
+        ({"choices": ((10, 8),)}, r"choices\[0\] names build 8, outside \[0, 8\)"),
+        ({"choices": ((10,),)}, r"choices\[0\] must be a \(bound, build\) pair of ints"),
+        ({"choices": tuple((i, 0) for i in range(9))}, "choices must be a tuple of at most 8"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_declarations_outside_its_limits_are_refused_naming_them(module, declared, message):
+    with pytest.raises(ValueError, match=message):
+        _launcher(module, _Forward(), **declared)
+
+
+@pytest.mark.compile
+def test_its_device_can_be_set_to_send_every_call_to_python(module):
+    launcher = _launcher(module, _Forward(), resolve=print)
+    assert launcher.device == 0
+    launcher.device = -1
+    assert launcher.device == -1
 
 
 @pytest.mark.compile
@@ -166,7 +210,7 @@ def test_a_launcher_whose_fallback_refers_back_to_it_is_collected(module):
             return args
 
     kernel = Kernel()
-    kernel.forward = module.Launcher(kernel.forward, print, 0, 1, -1, 0, -1)  # as the norm kernels do
+    kernel.forward = _launcher(module, kernel.forward, resolve=print)  # as TileLangKernel does
     alive = weakref.ref(kernel)
     del kernel
     gc.collect()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import run_device
+from helpers import ROOT, run_device
 from tileops.backend import (
     BackendError,
     CallSpec,
@@ -48,7 +49,7 @@ class _NarrowTorchLayerNorm(_TorchLayerNorm):
     preferred_over = frozenset({"layer_norm"})
 
     @classmethod
-    def refusal(cls, call: LayerNormCall) -> "str | None":
+    def refusal(cls, call: LayerNormCall) -> str | None:
         return None if call.n <= 256 else "serves rows of at most 256"
 
 
@@ -391,9 +392,56 @@ def test_concurrent_first_calls_build_each_entry_once_and_agree(scoped_registry)
     assert len(results) == 8 and all(torch.equal(r, results[0]) for r in results)
 
 
-def test_kernel_types_lists_in_tree_keys_without_importing_them():
-    kernel_types = LayerNormFwdOp.kernel_types
-    assert set(kernel_types) == {"torch_cpu", "layer_norm", "layer_norm_shared", "layer_norm_streamed", "layer_norm_scalar"}
-    assert kernel_types["layer_norm"] == "tileops.kernels.cuda.norm:LayerNormKernel"
-    with pytest.raises(TypeError):
-        kernel_types["mine"] = _TorchLayerNorm
+def test_in_tree_keys_are_the_ops_own_and_its_kernel_tables_named_once():
+    from tileops.kernels.cuda.norm import KERNELS
+
+    keys = LayerNormFwdOp.in_tree_keys()
+    assert keys == {"torch_cpu": LayerNormFwdOp.in_tree_kernels[LayerNormFwdInterface]["torch_cpu"],
+                    **KERNELS[LayerNormFwdInterface]}
+    assert list(keys) == ["torch_cpu", "layer_norm", "layer_norm_shared", "layer_norm_streamed", "layer_norm_scalar"]
+
+
+def test_a_key_in_both_the_ops_kernels_and_a_table_is_refused_at_construction():
+    from tileops.kernels.cuda.norm import KERNELS
+
+    clash = type("LayerNormFwdOp", (LayerNormFwdOp,), {
+        "_custom_op": None,
+        "in_tree_kernels": {LayerNormFwdInterface: {"layer_norm": KERNELS[LayerNormFwdInterface]["layer_norm"]}},
+    })
+    with pytest.raises(BackendError, match="key 'layer_norm' of LayerNormFwdInterface is in tileops.kernels.cuda.norm:KERNELS"):
+        clash(1024)
+
+
+def test_a_kernel_table_that_is_not_a_mapping_is_refused_naming_it():
+    odd = type("LayerNormFwdOp", (LayerNormFwdOp,), {"_custom_op": None, "kernel_tables": ("tileops.kernels.cuda.norm:policy",)})
+    with pytest.raises(BackendError, match="names tileops.kernels.cuda.norm:policy, which is module, not a mapping"):
+        odd(1024)
+
+
+def test_tileops_core_exports_the_names_op_families_use_as_the_backend_apis_own_objects():
+    import tileops.backend as backend
+    import tileops.core as core
+
+    assert {"Op", "KernelInterface", "CallSpec", "Kernel", "BUILTIN", "DeviceFacts", "facts_for", "OpArgumentError"} <= set(
+        core.__all__
+    )
+    for name in core.__all__:
+        if name in backend.__all__:
+            assert getattr(core, name) is getattr(backend, name), name
+
+
+def test_in_tree_family_code_imports_op_family_names_from_tileops_core_only():
+    """One import path per name: an op family (``tileops.ops.<family>``) and the in-tree CUDA
+    kernels import what ``tileops.core`` exports from there, never from ``tileops.backend``
+    (the backends' path) or from a module behind ``tileops.core``."""
+    roots = [ROOT / "packages/tileops-ops/src/tileops/ops", ROOT / "packages/tileops-kernels-cuda/src/tileops/kernels/cuda"]
+    offenders = []
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            for module in modules:
+                if module == "tileops.backend" or (module or "").startswith("tileops.core."):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
+    assert offenders == [], "\n".join(offenders)

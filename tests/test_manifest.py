@@ -10,6 +10,7 @@ import yaml
 
 from helpers import ROOT, generated_bind
 from tileops.backend import OpArgumentError
+from tileops.core.call_path import call_path_factory
 from tileops.core.errors import ManifestError
 from tileops.core.manifest import Signature
 from tileops.core.manifest.loader import parse_manifest
@@ -117,7 +118,7 @@ def test_written_tensors_aliases_and_out_buffers_are_understood():
     acc, x = torch.zeros(2, 3), torch.ones(2, 3)
     call = signature.bind({}, (acc, x), {})
     assert call.output_shapes == ((2, 3), (2,))
-    assert signature.call_path_factory({}, "builtin") is None  # an optional input with its own dtype: the reference binds
+    assert call_path_factory(signature, {}) is None  # an optional input with its own dtype: the reference binds
     assert not signature.writes_nothing(call)
     with pytest.raises(OpArgumentError, match="'acc' is written in place and must be contiguous"):
         signature.bind({}, (torch.zeros(3, 2).t(), x), {})
@@ -278,3 +279,38 @@ def test_an_input_given_twice_is_an_op_argument_error_on_the_generated_path():
     x = torch.randn(2, 8)
     with pytest.raises(OpArgumentError, match="^RMSNormFwdOp: got input 'x' both by position and by keyword$"):
         op(x, x=x)
+
+
+def _strided(rows: int, n: int) -> torch.Tensor:
+    """A non-contiguous (rows, n) tensor: the generated path declines it, the reference copies it."""
+    return torch.randn(n, rows).t()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, w: ((x, w), {}),
+        lambda x, w: ((), {"x": x, "weight": w}),
+        lambda x, w: ((x,), {"weight": w, "out": None}),
+    ],
+    ids=["positional", "keywords", "keywords-and-an-empty-out"],
+)
+def test_a_call_the_generated_path_declines_is_bound_once_with_the_callers_own_arguments(monkeypatch, call):
+    op = RMSNormFwdOp(8)
+    x, weight = _strided(3, 8), torch.randn(8)
+    args, kwargs = call(x, weight)
+    binds = []
+    reference_bind = Signature.bind
+
+    def recording_bind(self, params, args, kwargs):
+        binds.append((args, dict(kwargs)))
+        return reference_bind(self, params, args, kwargs)
+
+    monkeypatch.setattr(Signature, "bind", recording_bind)
+    y = op(*args, **kwargs)
+    assert len(binds) == 1
+    (bound_args, bound_kwargs), = binds
+    assert len(bound_args) == len(args) and all(a is b for a, b in zip(bound_args, args))
+    assert bound_kwargs.keys() == kwargs.keys() and all(bound_kwargs[k] is kwargs[k] for k in kwargs)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (8,), weight, op.params["eps"]))
+

@@ -70,7 +70,7 @@ def test_concurrent_calls_from_one_thread_per_device():
             for _ in range(50):
                 x = torch.randn(128, 2048, device=device)
                 torch.testing.assert_close(op(x), F.layer_norm(x, (2048,)), atol=1e-5, rtol=1e-5)
-        except Exception as error:  # reported below, with the device
+        except Exception as error:  # noqa: BLE001 - reported below, with the device
             errors.append((index, error))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]

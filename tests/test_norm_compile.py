@@ -27,13 +27,13 @@ KINDS = ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
 
 SCRIPT = """
 import json, sys, torch
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import policy, programs
 kind, variant, n, dtype = json.loads(sys.argv[1]) if len(sys.argv) > 1 else json.loads({case!r})
 dtype = getattr(torch, dtype)
 has_bias = kind.endswith("layer_norm")
-assert programs.REFUSALS[variant](n, dtype, True) is None, programs.REFUSALS[variant](n, dtype, True)
-kernel = programs.build(kind, variant, n, dtype, 1e-5, has_weight=True, has_bias=has_bias,
-                        target={{"kind": "cuda", "arch": "sm_90"}})
+assert policy.REFUSALS[variant](n, dtype, True) is None, policy.REFUSALS[variant](n, dtype, True)
+kernel = programs.compile_config(kind, n, dtype, 1e-5, True, has_bias, {{"kind": "cuda", "arch": "sm_90"}},
+                                 **policy.launch_config(kind, variant, n, dtype))
 source = kernel.get_kernel_source()
 assert "__global__" in source
 # The streamed variant keeps its row on chip between its two passes by eviction priority alone.
@@ -54,13 +54,13 @@ def test_the_kernel_compiles_for_sm90(kind, variant, n, dtype, tmp_path):
 
 LEADING_DIMS = """
 import torch
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import policy, programs
 target = {"kind": "cuda", "arch": "sm_90"}
 for kind, variant, n, dtype in [("rms_norm", "register", 4096, torch.bfloat16),
                                 ("add_layer_norm", "shared", 16384, torch.float16),
                                 ("layer_norm", "streamed", 65536, torch.bfloat16),
                                 ("add_rms_norm", "scalar", 1000, torch.float32)]:
-    config = programs.launch_config(kind, variant, n, dtype)
+    config = policy.launch_config(kind, variant, n, dtype)
     for leading, sizes in [(0, []), (1, ["m"]), (2, ["m0", "m1"]), (3, ["m0", "m1", "m2"])]:
         kernel = programs.compile_config(kind, n, dtype, 1e-5, True, kind.endswith("layer_norm"), target,
                                          leading=leading, **config)
@@ -81,10 +81,11 @@ def test_kernels_for_any_number_of_leading_dimensions_compile(tmp_path):
 
 PRE_AMPERE = """
 import torch
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import policy, programs
+config = policy.launch_config("layer_norm", "streamed", 16384, torch.bfloat16)
 for arch in ("sm_75", "sm_80"):
-    kernel = programs.build("layer_norm", "streamed", 16384, torch.bfloat16, 1e-5, True, True,
-                            target={"kind": "cuda", "arch": arch})
+    kernel = programs.compile_config("layer_norm", 16384, torch.bfloat16, 1e-5, True, True,
+                                     {"kind": "cuda", "arch": arch}, **config)
     print(arch, "createpolicy" in kernel.get_kernel_source())
 """
 
@@ -99,10 +100,10 @@ def test_the_streamed_variant_loads_plainly_for_gpus_without_cache_policies(tmp_
 
 EVICT_FIRST = """
 import torch
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import policy, programs
 target = {"kind": "cuda", "arch": "sm_90"}
 for kind, n, dtype in [("add_rms_norm", 4096, torch.bfloat16), ("add_layer_norm", 1000, torch.float32)]:
-    config = programs.launch_config(kind, "register", n, dtype)
+    config = policy.launch_config(kind, "register", n, dtype)
     has_bias = kind == "add_layer_norm"
     plain = programs.compile_config(kind, n, dtype, 1e-5, True, has_bias, target, **config).get_kernel_source()
     second = programs.compile_config(kind, n, dtype, 1e-5, True, has_bias, target, evict_first_inputs=True,
@@ -122,11 +123,13 @@ def test_the_fused_register_kernels_second_build_loads_x_and_the_residual_evict_
 
 FEW_ROWS = """
 import torch
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import policy, programs
 target = {"kind": "cuda", "arch": "sm_90"}
-for kind, n in [("layer_norm", 2048), ("add_layer_norm", 2048), ("rms_norm", 1024), ("add_layer_norm", 1024)]:
-    config = programs.launch_config(kind, programs.choose_variant(kind, n, torch.bfloat16, True), n, torch.bfloat16)
-    few_rows = programs.few_row_config(kind, n, torch.bfloat16, config)
+# The variants selection picks for these bf16 rows (tests/test_norm_programs.py).
+for kind, n, variant in [("layer_norm", 2048, "streamed"), ("add_layer_norm", 2048, "shared"),
+                         ("rms_norm", 1024, "register"), ("add_layer_norm", 1024, "register")]:
+    config = policy.launch_config(kind, variant, n, torch.bfloat16)
+    few_rows = policy.few_row_config(kind, n, torch.bfloat16, config)
     has_bias = kind.endswith("layer_norm")
     kernel = programs.compile_config(kind, n, torch.bfloat16, 1e-5, True, has_bias, target, leading=2, **few_rows)
     print(kind, n, "__global__" in kernel.get_kernel_source())
@@ -142,15 +145,17 @@ def test_the_few_row_builds_compile_for_sm90(tmp_path):
 
 LAUNCHER = """
 import torch
-from tileops.kernels.cuda.device import launcher
-from tileops.kernels.cuda.norm import programs
-kernel = programs.build("rms_norm", "register", 1024, torch.bfloat16, 1e-6, target={"kind": "cuda", "arch": "sm_90"})
-entry = launcher(kernel)
+from tileops.kernels.cuda.compile import entry_function
+from tileops.kernels.cuda.norm import policy, programs
+config = policy.launch_config("rms_norm", "register", 1024, torch.bfloat16)
+kernel = programs.compile_config("rms_norm", 1024, torch.bfloat16, 1e-6, True, False, {"kind": "cuda", "arch": "sm_90"},
+                                 **config)
+entry = entry_function(kernel)
 print(type(entry).__name__, entry is not kernel, entry.release_gil)
 """
 
 
-def test_the_launcher_calls_the_entry_function_directly_and_keeps_the_gil(tmp_path):
+def test_launches_call_the_entry_function_directly_and_keep_the_gil(tmp_path):
     result = run_python(LAUNCHER, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.split()[-2:] == ["True", "False"], result.stdout[-2000:]
@@ -160,13 +165,13 @@ LOWER_CANDIDATES = """
 import torch, tilelang
 from tvm.target import Target
 target = Target({"kind": "cuda", "arch": "sm_90"})
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import policy, programs
 shapes = [("rms_norm", "register", 4096), ("layer_norm", "register", 256), ("add_layer_norm", "shared", 1000),
           ("add_rms_norm", "streamed", 65536), ("layer_norm", "scalar", 1001)]
 count = 0
 for kind, variant, n in shapes:
     has_bias = kind.endswith("layer_norm")
-    for config in programs.tuning_candidates(kind, variant, n, torch.bfloat16):
+    for config in policy.tuning_candidates(kind, variant, n, torch.bfloat16):
         program = programs.make_program(kind, n, torch.bfloat16, 1e-5, True, has_bias, **config)
         with target:
             tilelang.lower(program, target=target)
@@ -184,9 +189,9 @@ def test_every_tuning_candidate_lowers_for_sm90(tmp_path):
 PARALLEL_COMPILE = """
 import threading, torch
 from concurrent.futures import ThreadPoolExecutor
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import policy, programs
 target = {"kind": "cuda", "arch": "sm_90"}
-configs = programs.tuning_candidates("layer_norm", "shared", 1000, torch.bfloat16)[:4]
+configs = policy.tuning_candidates("layer_norm", "shared", 1000, torch.bfloat16)[:4]
 configs.append(configs[0])  # the same configuration twice: compiled once, one kernel object
 
 def compile_one(config):

@@ -150,10 +150,10 @@ def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_wit
         torch.testing.assert_close(y, reference(x + r, *params), atol=1.6e-2, rtol=1.6e-2)
         ((_, kernel),) = op.built_kernels()
         plain_y, plain_total = torch.empty_like(x), torch.empty_like(x)
-        kernel._launches[x.dim()](x, r, *params, plain_y, plain_total)
+        kernel.compiled["main"][x.dim()](x, r, *params, plain_y, plain_total)
         assert torch.equal(y, plain_y) and torch.equal(total, plain_total), shape
     assert kernel.config["variant"] == "register"
-    assert sorted(kernel._evict_first_launches) == [2, 3]  # built for the two 16 MiB calls only
+    assert sorted(kernel.compiled["evict_first"]) == [2, 3]  # built for the two 16 MiB calls only
 
 
 @pytest.mark.parametrize(
@@ -177,11 +177,11 @@ def test_calls_of_at_most_1024_rows_take_the_few_row_build_and_compute_alike(op_
         torch.testing.assert_close(y, reference(total, *params), atol=atol, rtol=rtol)
         ((_, kernel),) = op.built_kernels()
         main_y, main_total = torch.empty_like(x), torch.empty_like(x)
-        kernel._launches[x.dim()](*((x, r) if fused else (x,)), *params, main_y, *((main_total,) if fused else ()))
+        kernel.compiled["main"][x.dim()](*((x, r) if fused else (x,)), *params, main_y, *((main_total,) if fused else ()))
         torch.testing.assert_close(y, main_y, atol=atol, rtol=rtol)
     few_rows = kernel.config["few_row_build"]
     assert (few_rows["mode"], few_rows["rows"], few_rows["max_rows"]) == ("register", 1, 1024)
-    assert sorted(kernel._few_row_launches) == [2, 3]  # built for the calls of at most 1024 rows only
+    assert sorted(kernel.compiled["few_rows"]) == [2, 3]  # built for the calls of at most 1024 rows only
 
 
 def test_a_tune_request_on_a_few_row_call_tunes_nothing_and_says_so(capfd):
@@ -206,12 +206,12 @@ def test_a_graph_captures_a_fused_call_whose_evict_first_build_is_not_built_yet(
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     op(*(torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2)), w)
     ((_, kernel),) = op.built_kernels()
-    assert not kernel._evict_first_launches
+    assert not kernel.compiled["evict_first"]
     x, r = (torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y, total = op(x, r, w)
-    assert sorted(kernel._evict_first_launches) == [2]
+    assert sorted(kernel.compiled["evict_first"]) == [2]
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()

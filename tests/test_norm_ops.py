@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
-from tileops.testing import check_workload, workload_cases
+from tileops.testing import check_workload, workload_cases, workload_for_shape
 
 #: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
 CPU_ELEMENTS = 1 << 23
@@ -75,3 +78,42 @@ def test_an_op_survives_deepcopy_and_pickle_with_its_params_and_target(op_class)
     on_acme = op_class(8, target="acme")  # the template backend's target, installed in the workspace
     assert copy.deepcopy(on_acme).requested_target == "acme"
     assert pickle.loads(pickle.dumps(on_acme)).requested_target == "acme"
+
+
+
+def _record_call_specs(op) -> list:
+    """The specs ``op`` builds on its cache misses, as it builds them (the op still gets them)."""
+    built = []
+    original = op.call_spec
+
+    def call_spec(interface, *fields):
+        built.append(original(interface, *fields))
+        return built[-1]
+
+    op.call_spec = call_spec
+    return built
+
+
+@pytest.mark.parametrize("op_class", FAMILIES["norm"], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
+def test_call_specs_describes_a_call_as_its_forward_builds_the_spec(op_class, aligned):
+    """``tileops explain`` asks ``call_specs`` with descriptions of the tensors; the forward builds
+    the spec from the tensors themselves: for every choice of optional inputs both must agree."""
+    from tileops.core.tensor_description import TensorDescription
+
+    def tensor(shape):
+        storage = torch.randn(math.prod(shape) + 1)  # a view one element in is 4 bytes past alignment
+        return (storage[:-1] if aligned else storage[1:]).view(shape)
+
+    entry = op_class.manifest_entry()
+    shapes = workload_for_shape(entry, (3, 64)).shapes
+    optional = [t.name for t in entry.inputs if t.optional]
+    for omitted in itertools.chain.from_iterable(itertools.combinations(optional, k) for k in range(len(optional) + 1)):
+        op = op_class(64, eps=1e-3)
+        built = _record_call_specs(op)
+        inputs = {name: tensor(shape) for name, shape in shapes.items() if name not in omitted}
+        op(**inputs)
+        described = {name: TensorDescription(t.device, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in inputs.items()}
+        (interface,) = op_class.kernel_interfaces
+        assert op.call_specs(torch.device("cpu"), described) == {interface: built[0]}, omitted
+        assert built[0].aligned is aligned

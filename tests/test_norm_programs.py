@@ -1,16 +1,34 @@
-"""The norm kernels' launch configurations, tuning candidates and the store of tuned
-configurations (pure Python: no tilelang, no GPU)."""
+"""The norm kernels' launch policy (which variant serves, which configuration and builds),
+the shared TileLang kernel base class they run on, and the store of tuned configurations
+(pure Python: no tilelang, no GPU)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import run_python
-from tileops.kernels.cuda.norm import programs
+from tileops.kernels.cuda.norm import KERNELS, policy, programs
+from tileops.ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+
+OPS = {"rms_norm": RMSNormFwdOp, "layer_norm": LayerNormFwdOp, "add_rms_norm": FusedAddRMSNormFwdOp,
+       "add_layer_norm": FusedAddLayerNormFwdOp}
+
+
+def _selected_variant(kind: str, n: int, dtype: torch.dtype, aligned: bool = True) -> str:
+    """The variant selection picks for a call on a CUDA device, as an op picks it."""
+    op = OPS[kind](n)
+    (interface,) = op.kernel_interfaces
+    implementations = op.implementations()[interface]
+    call = op.call_spec(interface, torch.device("cuda", 0), dtype, True, kind.endswith("layer_norm"), aligned)
+    return implementations.classes[implementations.select(call)].variant
 
 SHAPES = [
     ("rms_norm", "register", 4096, torch.bfloat16),
@@ -49,26 +67,26 @@ def test_bf16_rows_go_to_the_variant_measured_fastest_for_their_length(kind, n, 
     # layer_norm, 2 KiB for add_layer_norm), shared memory up to 128 KiB, then streamed;
     # the single norms go streamed from 32 KiB rows, layer_norm also up to 4 KiB rows;
     # rows that 16-byte vectors cannot cover go to the scalar variant.
-    assert programs.choose_variant(kind, n, torch.bfloat16, True) == variant
+    assert _selected_variant(kind, n, torch.bfloat16) == variant
 
 
 def test_the_layer_norm_register_refusal_names_the_kind_and_its_limit():
-    reason = programs.refusal("add_layer_norm", "register", 2048, torch.bfloat16, True)
+    reason = policy.refusal("add_layer_norm", "register", 2048, torch.bfloat16, True)
     assert reason == "add_layer_norm rows over 2048 bytes run faster in the 'shared' variant (this row is 4096 bytes)"
 
 
 def test_the_shared_refusals_of_the_single_norms_name_the_streamed_variant_and_the_row_size():
-    long_row = programs.refusal("rms_norm", "shared", 16384, torch.bfloat16, True)
+    long_row = policy.refusal("rms_norm", "shared", 16384, torch.bfloat16, True)
     assert long_row == "rms_norm rows of 32768 bytes or more run faster in the 'streamed' variant (this row is 32768 bytes)"
-    short_row = programs.refusal("layer_norm", "shared", 1000, torch.float32, True)
+    short_row = policy.refusal("layer_norm", "shared", 1000, torch.float32, True)
     assert short_row == "layer_norm rows of at most 4096 bytes run faster in the 'streamed' variant (this row is 4000 bytes)"
-    assert programs.refusal("layer_norm", "shared", 4096, torch.bfloat16, True) is None
+    assert policy.refusal("layer_norm", "shared", 4096, torch.bfloat16, True) is None
 
 
 @pytest.mark.parametrize(("kind", "variant", "n", "dtype"), SHAPES)
 def test_tuning_candidates_start_with_the_default_and_fit_the_block(kind, variant, n, dtype):
-    candidates = programs.tuning_candidates(kind, variant, n, dtype)
-    assert candidates[0] == programs.launch_config(kind, variant, n, dtype)
+    candidates = policy.tuning_candidates(kind, variant, n, dtype)
+    assert candidates[0] == policy.launch_config(kind, variant, n, dtype)
     assert len(candidates) == len({tuple(sorted(c.items())) for c in candidates})  # no config twice
     for config in candidates:
         assert config["tpr"] & (config["tpr"] - 1) == 0 and config["tpr"] * config["rows"] <= 1024, config
@@ -81,7 +99,7 @@ def test_tuning_candidates_start_with_the_default_and_fit_the_block(kind, varian
 
 
 def test_longer_rows_than_fit_a_block_twice_get_one_row_per_block_in_shared_mode():
-    for config in programs.tuning_candidates("rms_norm", "shared", 65536, torch.bfloat16):
+    for config in policy.tuning_candidates("rms_norm", "shared", 65536, torch.bfloat16):
         assert config["rows"] == 1, config
 
 
@@ -93,65 +111,120 @@ def test_longer_rows_than_fit_a_block_twice_get_one_row_per_block_in_shared_mode
 def test_fused_add_layer_norm_rows_of_a_power_of_two_of_vectors_spread_over_more_threads(n, dtype, threads_per_row):
     # Two vectors per thread where the row is a power of two of 16-byte vectors, four otherwise
     # (docs/perf/h200-add-layer-norm-threads-2026-11-29.txt); never below 16 threads per row.
-    config = programs.launch_config("add_layer_norm", "register", n, dtype)
+    config = policy.launch_config("add_layer_norm", "register", n, dtype)
     assert (config["tpr"], config["rows"]) == (threads_per_row, 128 // threads_per_row)
-    assert programs.launch_config("add_layer_norm", "register", 256, torch.bfloat16)["tpr"] == 16
+    assert policy.launch_config("add_layer_norm", "register", 256, torch.bfloat16)["tpr"] == 16
 
-# -- tuned configurations persist per machine -------------------------------------------------
+# -- tuned configurations: one store per GPU model for every family ----------------------------
 
-KEY = ("NVIDIA H200", "sm_90", "rms_norm", "register", 1000, "torch.bfloat16", 1e-6, True, False)
+MODEL = "NVIDIA H200"
+KEY = "norm/rms_norm/register/1000/bfloat16/1e-06/True/False"
+CONFIG = {"vec": 8, "tpr": 32, "rows": 16, "mode": "register", "unroll": 4, "preload": True}
 
 
 def _python(code: str, cache: Path):
     return run_python(code, env={"TILEOPS_CACHE_DIR": str(cache)})
 
 
-def test_a_tuned_configuration_is_found_by_a_later_process(tmp_path):
-    config = {"vec": 8, "tpr": 32, "rows": 16, "mode": "register", "unroll": 4, "preload": True}
+def test_entry_keys_name_the_family_kind_and_identity():
+    from tileops.kernels.cuda import tuning
+
+    key = tuning.entry_key("norm", "rms_norm", ("register", 1000, torch.bfloat16, 1e-06, True, False))
+    assert key == KEY
+
+
+def test_a_tuned_configuration_is_found_by_a_later_process_on_the_same_gpu_model_only(tmp_path):
     stored = _python(
-        f"from tileops.kernels.cuda.norm import tuning\ntuning.remember({KEY!r}, {config!r})\nprint(tuning.store_path())",
+        f"from tileops.kernels.cuda import tuning\ntuning.remember({MODEL!r}, {KEY!r}, {CONFIG!r})\n"
+        f"print(tuning.store_path({MODEL!r}))",
         tmp_path,
     )
     assert stored.returncode == 0, stored.stderr
-    assert Path(stored.stdout.strip()).parent == tmp_path
-    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))", tmp_path)
+    assert Path(stored.stdout.strip()) == tmp_path / "tuning" / "NVIDIA_H200.json"
+    found = _python(f"from tileops.kernels.cuda import tuning\nprint(tuning.chosen({MODEL!r}, {KEY!r}, {CONFIG!r}))", tmp_path)
     assert found.returncode == 0, found.stderr
-    assert ast.literal_eval(found.stdout.strip()) == config
-    other_gpu = ("NVIDIA H100",) + KEY[1:]
-    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({other_gpu!r}))", tmp_path)
-    assert found.stdout.strip() == "None"
+    assert ast.literal_eval(found.stdout.strip()) == CONFIG
+    other = _python(f"from tileops.kernels.cuda import tuning\nprint(tuning.chosen('NVIDIA H100', {KEY!r}, {CONFIG!r}))", tmp_path)
+    assert other.stdout.strip() == "None"
+
+
+def test_families_share_one_file_and_concurrent_writers_keep_each_others_entries(tmp_path):
+    # Four processes remember an entry each at once (two families): the lock keeps all four.
+    code = """
+import sys
+from tileops.kernels.cuda import tuning
+family, index = sys.argv[1], int(sys.argv[2])
+for step in range(20):
+    tuning.remember("NVIDIA H200", f"{family}/kind/{index}", {"tpr": step})
+"""
+    script = tmp_path / "write.py"
+    script.write_text(code)
+    env = {**os.environ, "TILEOPS_CACHE_DIR": str(tmp_path)}
+    writers = [subprocess.Popen([sys.executable, "-P", str(script), family, str(index)], env=env)
+               for family, index in [("norm", 0), ("norm", 1), ("softmax", 2), ("softmax", 3)]]
+    assert [writer.wait(timeout=120) for writer in writers] == [0, 0, 0, 0]
+    stored = json.loads((tmp_path / "tuning" / "NVIDIA_H200.json").read_text())
+    assert stored == {"norm/kind/0": {"tpr": 19}, "norm/kind/1": {"tpr": 19}, "softmax/kind/2": {"tpr": 19},
+                      "softmax/kind/3": {"tpr": 19}}
 
 
 def test_an_unreadable_store_warns_and_is_replaced_by_the_next_tuning(tmp_path):
-    (tmp_path / "norm-tuning.json").write_text("{not json")
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / "NVIDIA_H200.json").write_text("{not json")
     found = _python(
         "import warnings\nwarnings.simplefilter('always')\n"
-        f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))",
+        f"from tileops.kernels.cuda import tuning\nprint(tuning.chosen({MODEL!r}, {KEY!r}, {CONFIG!r}))",
         tmp_path,
     )
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == "None"
-    assert "were not read" in found.stderr and "norm-tuning.json" in found.stderr
-    config = {"tpr": 64}
-    replaced = _python(f"from tileops.kernels.cuda.norm import tuning\ntuning.remember({KEY!r}, {config!r})", tmp_path)
+    assert "were not read" in found.stderr and "NVIDIA_H200.json" in found.stderr
+    config = {**CONFIG, "tpr": 64}
+    replaced = _python(f"from tileops.kernels.cuda import tuning\ntuning.remember({MODEL!r}, {KEY!r}, {config!r})", tmp_path)
     assert replaced.returncode == 0, replaced.stderr
-    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))", tmp_path)
-    assert found.stdout.strip() == repr(config), found.stderr  # tuning replaced the unreadable file
+    found = _python(f"from tileops.kernels.cuda import tuning\nprint(tuning.chosen({MODEL!r}, {KEY!r}, {CONFIG!r}))", tmp_path)
+    assert ast.literal_eval(found.stdout.strip()) == config, found.stderr  # tuning replaced the unreadable file
 
 
 def test_a_store_that_is_not_a_json_object_is_treated_as_unreadable(tmp_path):
-    (tmp_path / "norm-tuning.json").write_text("[1, 2]")
-    found = _python(f"from tileops.kernels.cuda.norm import tuning\nprint(tuning.chosen({KEY!r}))", tmp_path)
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / "NVIDIA_H200.json").write_text("[1, 2]")
+    found = _python(f"from tileops.kernels.cuda import tuning\nprint(tuning.chosen({MODEL!r}, {KEY!r}, {CONFIG!r}))", tmp_path)
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == "None" and "expected a JSON object, found list" in found.stderr
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("[8, 32]", "a list, not an object"),  # corrupt: not a configuration
+        ('{"vec": 8, "tpr": [32]}', "'tpr' holds a list"),
+        ('{"vec": 8, "tpr": 32}', "its keys ['tpr', 'vec'] are not the kernel's"),  # another kernel's keys
+        ('{"vec": 8, "tpr": "32", "rows": 16, "mode": "register", "unroll": 4, "preload": true}', "'tpr' is a str"),
+    ],
+    ids=["not-an-object", "not-plain-values", "other-keys", "mistyped"],
+)
+def test_a_corrupt_or_mistyped_entry_is_ignored_with_a_warning_and_the_others_are_kept(tmp_path, entry, problem):
+    (tmp_path / "tuning").mkdir()
+    other = "norm/layer_norm/shared/1000/bfloat16/1e-05/True/True"
+    (tmp_path / "tuning" / "NVIDIA_H200.json").write_text(f'{{"{KEY}": {entry}, "{other}": {json.dumps(CONFIG)}}}')
+    code = (
+        "import warnings\nwarnings.simplefilter('always')\nfrom tileops.kernels.cuda import tuning\n"
+        f"print(tuning.chosen({MODEL!r}, {KEY!r}, {CONFIG!r}))\nprint(tuning.chosen({MODEL!r}, {other!r}, {CONFIG!r}))"
+    )
+    found = _python(code, tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.splitlines()[0] == "None"
+    assert ast.literal_eval(found.stdout.splitlines()[1]) == CONFIG
+    assert "is ignored" in found.stderr and problem in found.stderr, found.stderr
 
 
 def test_an_unwritable_store_keeps_the_configuration_for_the_process_and_says_so(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     code = (
-        "import warnings\nwarnings.simplefilter('always')\nfrom tileops.kernels.cuda.norm import tuning\n"
-        f"tuning.remember({KEY!r}, {{'tpr': 64}})\nprint(tuning.chosen({KEY!r}))"
+        "import warnings\nwarnings.simplefilter('always')\nfrom tileops.kernels.cuda import tuning\n"
+        f"tuning.remember({MODEL!r}, {KEY!r}, {{'tpr': 64}})\nprint(tuning.chosen({MODEL!r}, {KEY!r}, {{'tpr': 1}}))"
     )
     result = _python(code, blocker / "cache")  # a folder below a file cannot be created
     assert result.returncode == 0, result.stderr
@@ -165,11 +238,11 @@ def test_an_unwritable_store_keeps_the_configuration_for_the_process_and_says_so
 def _tune_with(monkeypatch, tmp_path, figures, key_suffix, broken=()):
     """Run ``tuning.tune`` over candidates timed at ``figures`` µs (the first is the default);
     candidates whose index is in ``broken`` fail to compile."""
-    from tileops.kernels.cuda.norm import tuning
+    from tileops.kernels.cuda import tuning
 
     monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tuning, "_chosen", {})
-    monkeypatch.setattr(tuning, "_loaded", False)
+    monkeypatch.setattr(tuning, "_loaded", set())
     candidates = [{"tpr": 32 * (i + 1)} for i in range(len(figures))]
 
     def compile_candidate(config):
@@ -182,16 +255,16 @@ def _tune_with(monkeypatch, tmp_path, figures, key_suffix, broken=()):
         return figures[fn()]
 
     monkeypatch.setattr(tuning, "gpu_time_us", timed)
-    key = ("GPU", "sm_90", "rms_norm", "register", key_suffix)
-    return tuning, key, candidates, tuning.tune(key, candidates, compile_candidate, (), "RMSNormKernel test")
+    key = f"norm/rms_norm/register/{key_suffix}"
+    return tuning, key, candidates, tuning.tune("GPU", key, candidates, compile_candidate, (), "RMSNormKernel test")
 
 
 def test_tuning_keeps_the_fastest_candidate_and_stores_it(monkeypatch, tmp_path, capfd):
     tuning, key, candidates, config = _tune_with(monkeypatch, tmp_path, [10.0, 8.0, 9.0], 1)
     assert config == candidates[1]
-    assert tuning.chosen(key) == candidates[1]
+    assert tuning.chosen("GPU", key, candidates[0]) == candidates[1]
     assert "tuning RMSNormKernel test: chose {'tpr': 64} at 8.00 us (default 10.00 us)" in capfd.readouterr().err
-    assert (tmp_path / "norm-tuning.json").exists()
+    assert json.loads((tmp_path / "tuning" / "GPU.json").read_text()) == {key: candidates[1]}
 
 
 def test_tuning_keeps_the_default_unless_beaten_by_three_percent(monkeypatch, tmp_path):
@@ -210,16 +283,167 @@ def test_tuning_with_no_candidate_that_runs_names_every_failure(monkeypatch, tmp
         _tune_with(monkeypatch, tmp_path, [10.0, 5.0], 4, broken=(0, 1))
 
 
+# -- the shared kernel base class, on CPU tensors (compilation and the GPU replaced) ------------
+
+
+class _Launches:
+    """Stands in for compiled programs: records (build config, rank, tensors) of each launch."""
+
+    def __init__(self) -> None:
+        self.launched = []
+
+    def compiled(self, kernel, config, rank):
+        def launch(*tensors):
+            self.launched.append((config, rank, tensors))
+
+        return launch
+
+
+@pytest.fixture
+def cpu_kernels(monkeypatch):
+    """Kernels built for cuda:0 with their programs, device facts and the C++ launcher replaced,
+    so that the production forward runs on CPU tensors."""
+    from tileops.kernels.cuda import fast_launch
+    from tileops.kernels.cuda import kernel as kernel_module
+
+    launches = _Launches()
+    monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
+    monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
+    monkeypatch.setattr(fast_launch, "launcher", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kernel_module.TileLangKernel, "_launch_function",
+                        lambda self, config, rank: launches.compiled(self, config, rank))
+    return launches
+
+
+def _norm_kernel(kind, variant, n, dtype, has_weight=True, has_bias=False):
+    op = OPS[kind](n)
+    (interface,) = op.kernel_interfaces
+    call = op.call_spec(interface, torch.device("cuda", 0), dtype, has_weight, has_bias, True)
+    key = next(key for key, cls in KERNELS[interface].items() if cls.variant == variant)
+    return KERNELS[interface][key](call)
+
+
+def test_a_norm_kernel_passes_its_arguments_in_order_leaving_out_absent_ones_then_outputs_like_x(cpu_kernels):
+    kernel = _norm_kernel("add_layer_norm", "register", 1024, torch.bfloat16, has_bias=True)
+    x, r, b = torch.zeros(2, 3, 1024, dtype=torch.bfloat16), torch.ones(2, 3, 1024, dtype=torch.bfloat16), torch.ones(1024)
+    y, total = kernel.forward(x, r, None, b)
+    config, rank, tensors = cpu_kernels.launched[-1]
+    assert rank == 3 and config == kernel.build_plan(kernel.default_config()).builds["few_rows"]  # 6 rows
+    assert tensors[:3] == (x, r, b) and tensors[3] is y and tensors[4] is total
+    assert y.shape == total.shape == x.shape and y.dtype == x.dtype
+    assert kernel.forward(x, r, weight=None, bias=b)[0].shape == x.shape  # keywords bind as the interface's
+    with pytest.raises(TypeError, match=r"forward takes \(x, residual, weight, bias\)"):
+        kernel.forward(x, r, None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "n", "dtype", "rows", "build"),
+    [
+        # Few-row build up to FEW_ROWS rows of 1-4 KiB; evict-first over 10 and up to 16 MiB of x.
+        ("layer_norm", 2048, torch.bfloat16, 1024, "few_rows"),
+        ("layer_norm", 2048, torch.bfloat16, 1025, "main"),
+        ("add_rms_norm", 4096, torch.bfloat16, 1280, "main"),  # 10 MiB: not over it
+        ("add_rms_norm", 4096, torch.bfloat16, 1281, "evict_first"),
+        ("add_rms_norm", 4096, torch.bfloat16, 2048, "evict_first"),  # 16 MiB
+        ("add_rms_norm", 4096, torch.bfloat16, 2049, "main"),
+        ("add_layer_norm", 1024, torch.bfloat16, 1024, "few_rows"),
+        ("add_layer_norm", 1024, torch.bfloat16, 5121, "evict_first"),
+        ("rms_norm", 4096, torch.bfloat16, 4096, "main"),
+    ],
+)
+def test_each_call_takes_the_build_its_size_chooses_from_the_declared_list(cpu_kernels, kind, n, dtype, rows, build):
+    variant = _selected_variant(kind, n, dtype)
+    kernel = _norm_kernel(kind, variant, n, dtype)
+    chosen = list(kernel.compiled)[kernel._build_for(rows * n)]
+    assert chosen == build, (kernel.config, kernel._choices)
+    x = torch.zeros(rows, n, dtype=dtype)
+    kernel.forward(*([x, torch.zeros_like(x)] if kind.startswith("add_") else [x]), None, *([None] if "layer" in kind else []))
+    config, _, _ = cpu_kernels.launched[-1]
+    assert config == kernel.build_plan(kernel.default_config()).builds[build]
+
+
+def test_the_kernel_config_shows_the_variant_and_its_extra_builds(cpu_kernels):
+    kernel = _norm_kernel("add_layer_norm", "register", 1024, torch.bfloat16, has_bias=True)
+    assert kernel.config["variant"] == "register"
+    assert kernel.config["few_row_build"]["max_rows"] == 1024
+    assert kernel.config["evict_first_build"] == {"x_bytes": (10 * 2**20, 16 * 2**20)}
+    assert list(kernel.compiled) == ["main", "few_rows", "evict_first"]
+    assert sorted(kernel.compiled["main"]) == [2]  # the main build of (m, n) rows compiles with the kernel
+
+
+def test_a_kind_with_computed_outputs_allocates_them_from_its_shape_functions(cpu_kernels):
+    # A made-up kind: a scalar sum and a per-row maximum of x, computed outputs of their own shapes.
+    from tileops.backend import CallSpec, KernelInterface
+    from tileops.kernels.cuda.kernel import BuildPlan, Output, TileLangKernel
+
+    class ReduceInterface(KernelInterface):
+        call_spec = CallSpec
+
+        def forward(self, x, scale):
+            """(sum of x, max of each row)"""
+
+    class Reduce(TileLangKernel, ReduceInterface):
+        family, kind = "test", "reduce"
+        outputs = (Output.computed(lambda args, params: (), lambda args, params: torch.float32),
+                   Output.computed(lambda args, params: args[0].shape[:-1], lambda args, params: args[0].dtype))
+        order = (1, 0)  # the program takes scale first
+
+        def identity(self):
+            return ()
+
+        def default_config(self):
+            return {"threads": 128}
+
+        def build_plan(self, config):
+            return BuildPlan({"main": config, "small": {**config, "threads": 32}}, ((64, "small"),))
+
+        def compile(self, config, rank):
+            raise AssertionError("replaced")
+
+    kernel = Reduce(torch.device("cuda", 0), None)
+    x, scale = torch.zeros(4, 8), torch.ones(())
+    total, row_max = kernel.forward(x, scale)
+    config, _, tensors = cpu_kernels.launched[-1]
+    assert total.shape == () and total.dtype == torch.float32 and row_max.shape == (4,)
+    assert tensors[0] is scale and tensors[1] is x and config["threads"] == 32  # 32 elements: the small build
+    kernel.forward(torch.zeros(4, 32), scale)
+    assert cpu_kernels.launched[-1][0]["threads"] == 128
+    with pytest.raises(ValueError, match="like an argument .* or computed"):
+        Output(like=0, shape=lambda args, params: ())
+
+
+def test_build_choices_whose_bounds_do_not_increase_are_refused(cpu_kernels, monkeypatch):
+    from tileops.kernels.cuda.kernel import BuildPlan
+
+    plan = BuildPlan({"main": {}, "a": {}, "b": {}}, ((100, "a"), (100, "b")))
+    cls = KERNELS[RMSNormFwdOp.kernel_interfaces[0]]["rms_norm"]
+    monkeypatch.setattr(cls, "build_plan", lambda self, config: plan)
+    with pytest.raises(ValueError, match="bounds of its build choices must increase"):
+        _norm_kernel("rms_norm", "register", 4096, torch.bfloat16)
+
+
+def test_every_op_takes_its_interfaces_keys_from_the_kernels_table_and_the_order_sets_the_preferences():
+    for op_class in OPS.values():
+        (interface,) = op_class.kernel_interfaces
+        assert op_class.in_tree_classes()[interface] == {**op_class.in_tree_kernels[interface], **KERNELS[interface]}
+        keys = list(KERNELS[interface])
+        assert [KERNELS[interface][key].preferred_over for key in keys] == [
+            frozenset({keys[1]}), frozenset({keys[2]}), frozenset(), frozenset()
+        ]
+        assert KERNELS[interface][keys[3]].general
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_only_the_fused_kinds_in_registers_have_an_evict_first_build_and_only_from_sm80(dtype):
     # The build serves calls whose x is over 10 MiB and at most 16 MiB, whatever the row length.
     window = (10 * 2**20 // dtype.itemsize, 16 * 2**20 // dtype.itemsize)
-    for kind in programs.KINDS:
-        for variant in programs.VARIANTS:
-            config = programs.launch_config(kind, variant, 1024, dtype)
+    for kind in policy.KINDS:
+        for variant in policy.VARIANTS:
+            config = policy.launch_config(kind, variant, 1024, dtype)
             expected = window if kind.startswith("add_") and variant == "register" else None
-            assert programs.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_90"}) == expected
-            assert programs.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_75"}) is None
+            assert policy.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_90"}) == expected
+            assert policy.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_75"}) is None
 
 
 @pytest.mark.parametrize(
@@ -244,22 +468,22 @@ def test_only_the_fused_kinds_in_registers_have_an_evict_first_build_and_only_fr
     ],
 )
 def test_the_few_row_build_is_for_rows_over_1_and_up_to_4_kib_not_already_one_per_block(kind, n, dtype, expected):
-    variant = programs.choose_variant(kind, n, dtype, True)
-    config = programs.launch_config(kind, variant, n, dtype)
-    few_rows = programs.few_row_config(kind, n, dtype, config)
+    variant = _selected_variant(kind, n, dtype)
+    config = policy.launch_config(kind, variant, n, dtype)
+    few_rows = policy.few_row_config(kind, n, dtype, config)
     if expected is None:
         assert few_rows is None
         return
     tpr, preload = expected
     assert few_rows == {**config, "mode": "register", "rows": 1, "tpr": tpr, "unroll": 4, "preload": preload}
-    assert programs.FEW_ROWS == 1024
+    assert policy.FEW_ROWS == 1024
 
 
 def test_an_evict_first_build_where_there_is_none_is_refused_with_the_reason():
-    config = programs.launch_config("rms_norm", "register", 4096, torch.bfloat16)
+    config = policy.launch_config("rms_norm", "register", 4096, torch.bfloat16)
     with pytest.raises(ValueError, match="fused kinds in registers.*not rms_norm mode=register"):
         programs.make_program("rms_norm", 4096, torch.bfloat16, 1e-5, True, False, evict_first_inputs=True, **config)
-    config = programs.launch_config("add_rms_norm", "register", 4096, torch.bfloat16)
+    config = policy.launch_config("add_rms_norm", "register", 4096, torch.bfloat16)
     with pytest.raises(ValueError, match="cache_priorities=False"):
         programs.make_program("add_rms_norm", 4096, torch.bfloat16, 1e-5, True, False, evict_first_inputs=True,
                               cache_priorities=False, **config)

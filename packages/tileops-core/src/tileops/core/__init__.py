@@ -1,8 +1,52 @@
-"""TileOPs core: the ``Op`` base class for people who write new ops.
+"""TileOPs core: the public names for people who write ops and their in-tree kernels.
 
-Backend authors use ``tileops.backend``; the rest of this package is internal.
+Public here, and stable across releases:
+
+- ``Op``: the base class of every op;
+- ``KernelInterface``, ``CallSpec``, ``Kernel``: an op family's kernel interfaces, the call
+  specs that select an implementation, and the implementations themselves;
+- ``BUILTIN``: the name of the in-tree implementations wherever a target is named;
+- ``DeviceFacts``, ``facts_for``: what is known about a device (a kernel's launch policy reads
+  its SM count, shared memory and architecture);
+- ``gpu_time_us``: the GPU time of a call by CUDA-graph replay (kernels that tune themselves);
+- the errors: ``TileOpsError`` and its subclasses.
+
+Backend authors use ``tileops.backend``, which exports the names a backend needs (some of
+these among them). ``tileops.core.manifest`` is the manifest's data model for TileOPs' own
+tools (the command line, ``tileops.testing``); every other module of this package is internal.
 """
 
+from .device_facts import DeviceFacts, facts_for
+from .errors import (
+    AmbiguousTargetError,
+    BackendError,
+    KernelSelectionError,
+    ManifestError,
+    OpArgumentError,
+    OpNotAvailableError,
+    TileOpsError,
+    UnknownTargetError,
+)
+from .kernel import CallSpec, Kernel, KernelInterface
 from .op import Op
+from .registry import BUILTIN
+from .timing import gpu_time_us
 
-__all__ = ["Op"]
+__all__ = [
+    "BUILTIN",
+    "AmbiguousTargetError",
+    "BackendError",
+    "CallSpec",
+    "DeviceFacts",
+    "Kernel",
+    "KernelInterface",
+    "KernelSelectionError",
+    "ManifestError",
+    "Op",
+    "OpArgumentError",
+    "OpNotAvailableError",
+    "TileOpsError",
+    "UnknownTargetError",
+    "facts_for",
+    "gpu_time_us",
+]

@@ -81,7 +81,7 @@ def _load_one(entry_point: importlib.metadata.EntryPoint) -> None:
     journal.open()
     try:
         entry_point.load()
-    except Exception as error:  # a broken backend must not break TileOPs for everyone else
+    except Exception as error:  # noqa: BLE001 - a broken backend must not break TileOPs for everyone else
         journal.close(undo=True)
         failure = LoadFailure(
             entry_point.name, entry_point.value, distribution, error, traceback.format_exc()

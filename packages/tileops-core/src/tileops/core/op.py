@@ -14,21 +14,21 @@ import importlib
 import inspect
 import threading
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
 
 from . import registry
+from .call_path import CallDeclined, call_path_factory
 from .device_facts import DeviceFacts
 from .discovery import load_backends
 from .errors import BackendError
 from .kernel import CallSpec, Kernel, KernelInterface
 from .manifest import BoundCall, OpEntry, Signature, load_manifest
-from .manifest.fastpath import ABSENT
 from .registry import BUILTIN, describe_callable
 from .selection import InterfaceImplementations, Verdict, check_implementations
 from .targets import TensorSpec, bind_target, check_target_name
+from .tensor_description import TensorDescription
 from .tracing import define_custom_op, is_compiling, traced_call
 
 class _MissingKernel(Kernel):
@@ -44,54 +44,61 @@ class _MissingKernel(Kernel):
         raise BackendError(self.missing_because)
 
 
-def _resolve(op_name: str, interface: type[KernelInterface], key: str, ref: Any) -> type[Kernel]:
-    if not isinstance(ref, str):
-        return ref
-    module_name, _, qualname = ref.partition(":")
+def _missing_distribution(reference: str, interface: type[KernelInterface], error: ModuleNotFoundError) -> type[Kernel]:
+    """The stand-in for a kernel table whose module is not installed: one key (the module's
+    name), unavailable everywhere, saying what to install."""
+    module_name = reference.partition(":")[0]
+    reason = f"{module_name} is not installed ({error}); install the distribution that provides it"
+    if module_name.startswith("tileops.kernels."):
+        reason = f"{module_name} is not installed; pip install tileops-kernels-{module_name.split('.')[2]}"
+    return type(
+        f"Missing_{module_name.replace('.', '_')}",
+        (_MissingKernel, interface),
+        {"missing_because": reason, "devices": frozenset(), "__module__": __name__},
+    )
+
+
+def _import_table(op_name: str, reference: str) -> Mapping[Any, Mapping[str, type[Kernel]]] | ModuleNotFoundError:
+    """The kernel table ``reference`` ("module:NAME") names, interface -> key -> class, or the
+    error saying its module's distribution is not installed.
+
+    Only a distribution that is not installed makes its keys unavailable; any other import
+    failure is a bug in that module and surfaces as it is.
+    """
+    module_name, _, name = reference.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        # Only a distribution that is not installed makes the key unavailable; any other
-        # import failure is a bug in that module and must surface.
         if error.name is None or not module_name.startswith(error.name):
             raise
-        reason = f"{module_name} is not installed ({error}); install the distribution that provides it"
-        if module_name.startswith("tileops.kernels."):
-            reason = f"{module_name} is not installed; pip install tileops-kernels-{module_name.split('.')[2]}"
-        return type(
-            f"Missing_{key}",
-            (_MissingKernel, interface),
-            {"missing_because": reason, "devices": frozenset(), "__module__": __name__},
+        return error
+    table = getattr(module, name, None)
+    if not isinstance(table, Mapping):
+        raise BackendError(
+            f"{op_name}.kernel_tables names {reference}, which is {type(table).__name__}, not a mapping "
+            "interface -> key -> kernel class"
         )
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return table
 
 
 class Op:
     """Base class of every op.
 
     A subclass sets ``manifest_file`` (the family's YAML, as an ``importlib.resources``
-    traversable), ``kernel_interfaces`` and ``in_tree_kernels`` (interface -> key ->
-    implementation: a class, or "module:QualName" imported on first construction so that an op
-    can name kernels of a distribution that may not be installed), defines a constructor taking the manifest's params plus ``target=None``
+    traversable), ``kernel_interfaces``, ``in_tree_kernels`` (interface -> key -> class) and
+    ``kernel_tables`` (tables of the same form in distributions that may not be installed,
+    named "module:NAME" and imported on first construction), defines a constructor taking the manifest's params plus ``target=None``
     and passing them to ``Op.__init__`` by keyword, and a ``forward`` that runs the in-tree
     path through ``kernel_for``.
     """
 
     manifest_file: ClassVar[Any]
     kernel_interfaces: ClassVar[tuple[type[KernelInterface], ...]] = ()
-    in_tree_kernels: ClassVar[Mapping[type[KernelInterface], Mapping[str, Any]]] = {}
-    #: Read-only: every in-tree key -> its class, or its "module:QualName" reference when the
-    #: class lives in a distribution imported lazily (reading this imports nothing).
-    kernel_types: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.kernel_types = MappingProxyType(
-            {key: ref for refs in cls.in_tree_kernels.values() for key, ref in refs.items()}
-        )
+    in_tree_kernels: ClassVar[Mapping[type[KernelInterface], Mapping[str, type[Kernel]]]] = {}
+    #: "module:NAME" of the kernel tables (interface -> key -> class) the op takes its other
+    #: in-tree implementations from: a distribution the op's own may not depend on (the CUDA
+    #: kernels) names its keys once, there.
+    kernel_tables: ClassVar[tuple[str, ...]] = ()
 
     # -- class level: built once per op class ----------------------------------------------
     @classmethod
@@ -111,17 +118,32 @@ class Op:
 
     @classmethod
     def in_tree_classes(cls) -> dict[type[KernelInterface], dict[str, type[Kernel]]]:
+        """Interface -> key -> class of the op's own implementations: ``in_tree_kernels`` and
+        the ``kernel_tables``, imported on the first call (a table whose distribution is not
+        installed stands as one unavailable key named after its module)."""
         cached = cls.__dict__.get("_in_tree_cache")
         if cached is None:
-            cached = {
-                interface: {
-                    key: _resolve(cls.__name__, interface, key, ref)
-                    for key, ref in cls.in_tree_kernels.get(interface, {}).items()
-                }
-                for interface in cls.kernel_interfaces
-            }
+            cached = {interface: dict(cls.in_tree_kernels.get(interface, {})) for interface in cls.kernel_interfaces}
+            for reference in cls.kernel_tables:
+                table = _import_table(cls.__name__, reference)
+                for interface, classes in cached.items():
+                    if isinstance(table, ModuleNotFoundError):
+                        classes[reference.partition(":")[0]] = _missing_distribution(reference, interface, table)
+                        continue
+                    for key, kernel_class in table.get(interface, {}).items():
+                        if key in classes:
+                            raise BackendError(
+                                f"{cls.__name__}: key {key!r} of {interface.__name__} is in {reference} and "
+                                "already among the op's in-tree kernels; a key names one implementation"
+                            )
+                        classes[key] = kernel_class
             cls._in_tree_cache = cached
         return cached
+
+    @classmethod
+    def in_tree_keys(cls) -> dict[str, type[Kernel]]:
+        """Every in-tree key of the op -> its class (importing the kernel tables, not tilelang)."""
+        return {key: impl for impls in cls.in_tree_classes().values() for key, impl in impls.items()}
 
     # -- instance ------------------------------------------------------------------------------
     def __init__(self, *, target: str | None = None, **params: Any) -> None:
@@ -132,7 +154,7 @@ class Op:
         define_custom_op(cls)
         load_backends()
         self._requested_target = None if target is None else check_target_name(target, f"{name}(target=...)")
-        in_tree = {key: impl for impls in cls.in_tree_classes().values() for key, impl in impls.items()}
+        in_tree = cls.in_tree_keys()
         registered = {key: reg.value for key, reg in registry.kernel_types(name).items()}
         self._implementations: dict[type[KernelInterface], InterfaceImplementations] = check_implementations(
             name, cls.kernel_interfaces, in_tree, registered
@@ -146,11 +168,12 @@ class Op:
         self._target_kernels: dict[tuple, Callable[..., Any]] = {}
         # Held on cache misses only, so that concurrent first calls bind and build once.
         self._miss_lock = threading.RLock()
-        make_call_path = self._signature.call_path_factory(self.params, BUILTIN)
+        self._call_path_factory = call_path_factory(self._signature, self.params)
         # The in-tree implementations' results fit the signature by construction (and their
         # tests say so); checking them would cost a tenth of a decode call. A backend's
         # implementation of a kernel interface is third-party code: its results are checked.
-        self._call_path = None if make_call_path is None else make_call_path(self, check_results=bool(registered))
+        self._check_results = bool(registered)
+        self._make_call_path(runs_forward=False)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -179,25 +202,23 @@ class Op:
             return self._call_reference(args, kwargs)
         try:
             return self._call_path(*args, **kwargs)
+        except CallDeclined as declined:
+            if declined.__traceback__.tb_next.tb_next is not None:
+                raise  # declined by a call path that this one ran, not by this one
+            return self._call_reference(args, kwargs)
         except TypeError as error:
             if error.__traceback__.tb_next is not None:
                 raise  # raised while the call ran, not by Python binding its arguments
             return self._call_reference(args, kwargs)
 
-    def _call_declined(self, inputs: tuple, more: tuple, outs: dict, extra: dict) -> Any:
-        """A call the generated path declined, its arguments as that path received them."""
-        if more:  # every input came by position
-            args, kwargs = inputs + more, {}
-        else:
-            args = ()
-            kwargs = {
-                name: value
-                for name, value in zip(self._signature.input_names, inputs)
-                if value is not None and value is not ABSENT
-            }
-        kwargs.update((keyword, buffer) for keyword, buffer in outs.items() if buffer is not None)
-        kwargs.update(extra)
-        return self._call_reference(args, kwargs)
+    def _make_call_path(self, *, runs_forward: bool) -> None:
+        """(Re)make the generated call path: once the in-tree implementations are bound it
+        runs ``forward`` itself; until then, or for another target, it hands the checked call
+        to ``_run_bound``."""
+        make = self._call_path_factory
+        self._call_path = None if make is None else make(
+            forward=self.forward, run_bound=self._run_bound, runs_forward=runs_forward, check_results=self._check_results
+        )
 
     def _call_reference(self, args: tuple, kwargs: dict) -> Any:
         """The reference binder: precise errors, copies of non-contiguous inputs, empty writes."""
@@ -226,13 +247,12 @@ class Op:
         with self._miss_lock:
             if self._target is not None:  # another thread bound it meanwhile
                 return self._run(self._target, call)
-            has_own_kernels = any(impls.classes for impls in self._implementations.values())
             target, reason = bind_target(
-                type(self).__name__, self._requested_target, call.device, has_own_kernels=has_own_kernels
+                type(self).__name__, self._requested_target, call.device, has_own_kernels=self.has_own_kernels
             )
             self._target, self.target_reason = target, reason
             try:
-                return self._run(target, call)
+                result = self._run(target, call)
             except BaseException:
                 # The binding call failed: forget the choice and everything built under it.
                 self._target = None
@@ -242,6 +262,9 @@ class Op:
                 for cache in self._kernel_caches.values():
                     cache.clear()
                 raise
+            if target == BUILTIN:
+                self._make_call_path(runs_forward=True)
+            return result
 
     def _build_target_kernel(self, target: str, call: BoundCall, key: tuple) -> Callable[..., Any]:
         with self._miss_lock:
@@ -294,7 +317,7 @@ class Op:
         """The call spec that ``kernel_for(interface, *fields)`` stands for, built on a miss.
 
         By default ``fields`` are the spec's fields in order. An op whose specs hold facts fixed
-        at construction (a row length, an eps) may override it and pass ``kernel_for`` only the
+        at construction (a row length, a constant) may override it and pass ``kernel_for`` only the
         facts that vary between calls: a shorter key is a cheaper lookup.
         """
         return interface.call_spec(*fields)
@@ -337,6 +360,26 @@ class Op:
 
     def implementations(self) -> dict[type[KernelInterface], InterfaceImplementations]:
         return dict(self._implementations)
+
+    @property
+    def has_own_kernels(self) -> bool:
+        """Whether any kernel interface of the op has an implementation (in-tree or registered):
+        without one, only a target's kernel builder can serve it (see ``bind_target``)."""
+        return any(impls.classes for impls in self._implementations.values())
+
+    def call_specs(
+        self, device: torch.device, inputs: Mapping[str, TensorDescription]
+    ) -> dict[type[KernelInterface], CallSpec]:
+        """The call spec of each kernel interface a call with ``inputs`` on ``device`` uses,
+        described without tensors (``tileops explain`` asks this; the inputs left out are the
+        optional ones the call omits).
+
+        An op that ``explain`` can describe overrides it, building each spec through the same
+        function its ``forward`` builds them with (``call_spec``), so that both say the same.
+        """
+        raise BackendError(
+            f"{type(self).__name__} does not describe calls without tensors: it defines no call_specs(device, inputs)"
+        )
 
     def built_kernels(self) -> list[tuple[str, Any]]:
         """(key, kernel) of every in-tree kernel this instance has built, in build order; for a

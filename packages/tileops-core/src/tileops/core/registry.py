@@ -172,15 +172,6 @@ def builder(op: str, target: str) -> Registration | None:
     return _builders.get((op, target))
 
 
-def swap_builder(op: str, target: str, build_kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """Replace the registered builder of (op, target), keeping its registrant; returns the old
-    one. For test kits that observe builds (tileops.testing), not for backends."""
-    with _lock:
-        existing = _builders[(op, target)]
-        _builders[(op, target)] = Registration(build_kernel, existing.module)
-    return existing.value
-
-
 def targets_with_builder(op: str) -> list[str]:
     with _lock:
         return sorted(t for (o, t) in _builders if o == op)

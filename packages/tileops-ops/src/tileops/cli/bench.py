@@ -2,6 +2,7 @@
 
 ``--shape 8192x7168`` times shapes of your own instead: the first input takes the shape and
 the others follow from the manifest's shape patterns (``tileops.testing.workload_for_shape``).
+``--param NAME=VALUE`` and ``--omit NAME`` change every timed call's params and inputs.
 
 Method (docs/performance.md): GPU time is measured by capturing ``CALLS`` back-to-back calls
 in one CUDA graph after a warm-up and replaying it; the median over replays, divided by the
@@ -36,9 +37,11 @@ from tileops.core.manifest.loader import Workload
 from tileops.core.timing import best_call_times_us
 from tileops.core.timing import gpu_time_us as graph_replay_time_us
 from tileops.ops import FAMILIES
-from tileops.testing import workload_for_shape, workload_inputs
+from tileops.testing import workload_inputs
 
-from .output import installed_version, shape_argument
+from . import call_flags
+from .call_flags import CallFlags
+from .output import UsageError, installed_version, shape_argument
 
 CALLS = 40
 REPLAYS = 15
@@ -161,23 +164,37 @@ def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_com
     return row
 
 
-def _cases(op_names: Iterable[str], workload_names: Iterable[str], dtypes: Iterable[str], shapes: Iterable[tuple] = ()):
+def _cases(
+    op_names: Iterable[str],
+    workload_names: Iterable[str],
+    dtypes: Iterable[str],
+    shapes: Iterable[tuple] = (),
+    flags: CallFlags | None = None,
+):
     """The (op class, workload, dtype) triples to time: the manifest's workloads, or with
-    ``shapes`` one workload per shape (ValueError where a shape does not fit an op)."""
-    wanted_ops, wanted_workloads, wanted_dtypes = set(op_names), set(workload_names), set(dtypes)
+    ``shapes`` one workload per shape, each with ``flags``' params and omitted inputs
+    (UsageError where an op name, a flag or a shape does not fit an op)."""
+    flags = CallFlags() if flags is None else flags
+    wanted_ops = {call_flags.op_class_named(name) for name in op_names}
+    wanted_workloads, wanted_dtypes = set(workload_names), set(dtypes)
     for ops in FAMILIES.values():
         for op_class in ops:
-            if wanted_ops and op_class.__name__ not in wanted_ops:
+            if wanted_ops and op_class not in wanted_ops:
                 continue
             entry = op_class.manifest_entry()
             if shapes:
-                workloads = [workload_for_shape(entry, shape) for shape in shapes]
+                workloads = [flags.workload(op_class, shape=shape) for shape in shapes]
             else:
-                workloads = [w for w in entry.workloads if not wanted_workloads or w.name in wanted_workloads]
+                workloads = [
+                    flags.workload(op_class, template=w)
+                    for w in entry.workloads
+                    if not wanted_workloads or w.name in wanted_workloads
+                ]
             for workload in workloads:
                 for dtype in workload.dtypes:
                     name = str(dtype).removeprefix("torch.")
                     if (wanted_dtypes and name in wanted_dtypes) or (not wanted_dtypes and dtype == workload.dtypes[0]):
+                        call_flags.check_call(op_class, workload, dtype)
                         yield op_class, workload, dtype
 
 
@@ -224,8 +241,12 @@ def table(rows: list[Row], copy_tb_s: float) -> str:
         f"{'compile µs':>10} {'TB/s':>5} {'%copy':>5} {'eager/ours':>10} {'compile/ours':>12} "
         f"{'call µs ours/eager':>18}  served by"
     )
-    lines = [f"copy bandwidth (1 GiB, same run): {copy_tb_s:.2f} TB/s; GPU time by CUDA-graph replay of {CALLS} calls, median of {REPLAYS}; L2 not flushed; "
-        f"call time: best of {CALL_LOOPS} loops of {CALLS_PER_LOOP} calls, TileOPs and torch eager in turns", header]
+    method = (
+        f"copy bandwidth (1 GiB, same run): {copy_tb_s:.2f} TB/s; GPU time by CUDA-graph replay of {CALLS} calls, "
+        f"median of {REPLAYS}; L2 not flushed; call time: best of {CALL_LOOPS} loops of {CALLS_PER_LOOP} calls, "
+        "TileOPs and torch eager in turns"
+    )
+    lines = [method, header]
     for r in rows:
         bandwidth = r.tb_per_s(r.ours_us)
         calls = "-" if r.ours_call_us is None else f"{r.ours_call_us:.1f}/{_fmt(r.eager_call_us)}"
@@ -279,8 +300,8 @@ def run(args) -> int:
         print("tileops bench: --shape and --workload select different workloads; give one of them", file=sys.stderr)
         return 2
     try:
-        cases = list(_cases(args.ops, args.workload or (), args.dtype or (), args.shape or ()))
-    except ValueError as error:
+        cases = list(_cases(args.ops, args.workload or (), args.dtype or (), args.shape or (), CallFlags.of(args)))
+    except UsageError as error:
         print(f"tileops bench: {error}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
@@ -298,7 +319,8 @@ def run(args) -> int:
     print(file=sys.stderr)
     means = geometric_means(rows)
     if args.json:
-        print(json.dumps({"machine": facts, "copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows], "geomean": means}, indent=2))
+        report = {"machine": facts, "copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows], "geomean": means}
+        print(json.dumps(report, indent=2))
     elif args.csv:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=[f.name for f in dataclasses.fields(Row)])
@@ -327,7 +349,11 @@ def _chart(rows: list[Row], path: str) -> None:
     figure, axis = plt.subplots(figsize=(max(8, len(rows) * 0.6), 4))
     positions = range(len(rows))
     for offset, (name, values) in enumerate(
-        [("TileOPs", [r.ours_us for r in rows]), ("torch eager", [r.eager_us for r in rows]), ("torch.compile", [r.compile_us for r in rows])]
+        [
+            ("TileOPs", [r.ours_us for r in rows]),
+            ("torch eager", [r.eager_us for r in rows]),
+            ("torch.compile", [r.compile_us for r in rows]),
+        ]
     ):
         relative = [value / row.ours_us if value else 0 for row, value in zip(rows, values)]
         axis.bar([p + offset * 0.27 for p in positions], relative, width=0.27, label=name)
@@ -358,6 +384,7 @@ def add_arguments(parser) -> None:
         type=shape_argument,
         help="time this shape of the first input instead, e.g. 8192x7168 (repeatable)",
     )
+    call_flags.add_arguments(parser)
     parser.add_argument("--dtype", action="append", help="only these dtypes (default: each workload's first)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles each workload)")
     parser.add_argument("--tune", action="store_true", help="tune each kernel's launch configuration before timing it")

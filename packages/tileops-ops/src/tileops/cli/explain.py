@@ -4,7 +4,8 @@ It builds the op, checks the described call against the op's signature (on meta 
 no memory is touched), says which target would bind on the call's device and why, and gives
 every implementation's verdict for each kernel interface: the selection a call runs, in the
 text its dispatch errors use. No GPU is needed: ``--arch`` states the device's facts instead
-of reading them. What is specific to an op family lives in ``family_calls``.
+of reading them. The call is read from the manifest (``call_flags``: ``--shape``, ``--param``,
+``--omit``); the call spec of each kernel interface is the op's own (``Op.call_specs``).
 """
 
 from __future__ import annotations
@@ -20,18 +21,15 @@ from tileops.core import registry
 from tileops.core.device_facts import DeviceFacts, facts_for
 from tileops.core.errors import BackendError, KernelSelectionError, TileOpsError
 from tileops.core.kernel import CallSpec, KernelInterface
-from tileops.core.manifest import OpEntry
 from tileops.core.manifest.loader import DTYPES
 from tileops.core.op import Op
 from tileops.core.registry import BUILTIN, describe_callable
 from tileops.core.targets import bind_target, check_target_name
-from tileops.ops import FAMILIES
+from tileops.core.tensor_description import TensorDescription
 
-from .family_calls import FAMILY_CALLS, DescribedCall
+from . import call_flags
+from .call_flags import CallFlags
 from .output import UsageError, print_json, shape_argument
-
-#: The optional inputs the command line can leave out, by input name.
-_OPTIONAL_INPUT_FLAGS = ("weight", "bias")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -39,15 +37,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "explain",
         help="say which target and implementation would serve a call, and why",
         description=(
-            "Describe a call of OP (shape, dtype, device, which optional inputs it passes) and say "
+            "Describe a call of OP (shape, dtype, device, params, which optional inputs it passes) and say "
             "which target would bind and why, then every implementation's verdict for each "
             "kernel interface (unavailable, refused, beaten or selected) with its reason. Nothing "
             "is run and no GPU is needed: --arch states the device's architecture."
         ),
         epilog="Exit status: 0 when the call would be served, 1 when it would raise, 2 for a bad command line.",
     )
-    parser.add_argument("op", metavar="OP", help="the op's class name, e.g. RMSNormFwdOp")
-    parser.add_argument("--shape", required=True, type=shape_argument, help="shape of the op's first input, e.g. 8x4096 or 8,4096")
+    parser.add_argument("op", metavar="OP", help="the op's class name, as `tileops ops` lists it")
+    parser.add_argument(
+        "--shape",
+        required=True,
+        type=shape_argument,
+        help="shape of the op's first input, e.g. 8x4096 or 8,4096; the other inputs' shapes follow from the manifest",
+    )
     parser.add_argument(
         "--dtype", default="bfloat16", choices=list(DTYPES), help="dtype of the inputs (default: bfloat16)"
     )
@@ -63,20 +66,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "to explain a device this machine does not have",
     )
     parser.add_argument("--target", help="explain as if the op were constructed with target=TARGET")
+    call_flags.add_arguments(parser)
     parser.add_argument(
-        "--normalized-shape",
-        type=shape_argument,
-        help="norm ops: the dimensions to normalize over (default: the last one of --shape)",
-    )
-    parser.add_argument("--eps", type=float, help="norm ops: eps (default: the op's default)")
-    for name in _OPTIONAL_INPUT_FLAGS:
-        parser.add_argument(
-            f"--{name}",
-            action=argparse.BooleanOptionalAction,
-            help=f"pass the optional input {name} or not (default: pass it)",
-        )
-    parser.add_argument(
-        "--misaligned", action="store_true", help="the tensors' data pointers are not 16-byte aligned"
+        "--misaligned",
+        action="store_true",
+        help="every tensor starts one element into its storage, as a view such as buffer[1:] of a flat buffer "
+        "(default: at the start of an allocation)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
@@ -99,21 +94,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def explain(args: argparse.Namespace) -> dict[str, Any]:
-    op_class = _op_class(args.op)
+    op_class = call_flags.op_class_named(args.op)
     entry = op_class.manifest_entry()
-    family_calls = FAMILY_CALLS.get(entry.family)
-    if family_calls is None:
-        raise UsageError(
-            f"explain cannot describe calls of the {entry.family!r} family yet (see tileops/cli/family_calls.py)"
-        )
+    workload = CallFlags.of(args).workload(op_class, shape=args.shape)
     device = args.device or torch.device("cuda" if args.arch is not None or torch.cuda.is_available() else "cpu")
-    passed = _passed_inputs(entry, args)
-    call = DescribedCall(device, DTYPES[args.dtype], args.shape, passed, aligned=not args.misaligned)
+    dtype = DTYPES[args.dtype]
     report: dict[str, Any] = {
         "op": entry.name,
         "family": entry.family,
         "params": None,
-        "call": {"device": str(device), "dtype": args.dtype, "inputs": None, "aligned": call.aligned},
+        "call": {"device": str(device), "dtype": args.dtype, "inputs": None, "aligned": not args.misaligned},
         "rejected": None,
         "writes_nothing": False,
         "device_facts": None,
@@ -122,12 +112,12 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
         "served": False,
     }
     try:
-        op = op_class(**family_calls.params(call.shape, args))
+        op = op_class(**workload.params)
         report["params"] = op.params
-        shapes = family_calls.input_shapes(op, call)
+        shapes = dict(workload.shapes)
         report["call"]["inputs"] = shapes
         # The call's own checks, on meta tensors: the same errors as a call, for any size, free.
-        inputs = {name: torch.empty(shape, dtype=call.dtype, device="meta") for name, shape in shapes.items()}
+        inputs = {name: torch.empty(shape, dtype=dtype, device="meta") for name, shape in shapes.items()}
         bound = op_class.signature().bind(op.params, (), inputs)
     except TileOpsError as error:
         report["rejected"] = f"{type(error).__name__}: {error}"
@@ -139,9 +129,15 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
     facts, facts_note = _device_facts(device, args.arch)
     report["device_facts"] = {"facts": None if facts is None else dataclasses.asdict(facts), "note": facts_note}
     report["target"] = _target(op, args.target, device)
+    # As a view one element into its storage: aligned to the element size only.
+    address = dtype.itemsize if args.misaligned else 0
+    described = {name: TensorDescription(device, dtype, tuple(shape), address) for name, shape in shapes.items()}
+    try:
+        call_specs = op.call_specs(device, described)
+    except TileOpsError as error:
+        raise UsageError(f"explain cannot describe the call: {error}") from None
     report["interfaces"] = [
-        _interface_verdicts(op, interface, family_calls.call_spec(op, interface, call), lambda _call: facts)
-        for interface in op.implementations()
+        _interface_verdicts(op, interface, call_spec, lambda _call: facts) for interface, call_spec in call_specs.items()
     ]
     target = report["target"]
     # A target other than builtin serves the whole call through its kernel builder.
@@ -149,28 +145,6 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
         target["name"] != BUILTIN or all(interface["selected"] for interface in report["interfaces"])
     )
     return report
-
-
-def _op_class(name: str) -> type[Op]:
-    op_classes = {op_class.__name__: op_class for ops in FAMILIES.values() for op_class in ops}
-    if name not in op_classes:
-        raise UsageError(f"no op is named {name!r}; the ops are {', '.join(op_classes)}")
-    return op_classes[name]
-
-
-def _passed_inputs(entry: OpEntry, args: argparse.Namespace) -> frozenset[str]:
-    optional = {t.name for t in entry.inputs if t.optional}
-    omitted = set()
-    for name in _OPTIONAL_INPUT_FLAGS:
-        flag = getattr(args, name)
-        if flag is not None and name not in optional:
-            raise UsageError(
-                f"{entry.name} has no optional input {name!r} "
-                f"(its optional inputs: {', '.join(sorted(optional)) or 'none'})"
-            )
-        if flag is False:
-            omitted.add(name)
-    return frozenset(t.name for t in entry.inputs if t.name not in omitted)
 
 
 def _device_facts(device: torch.device, arch: int | None) -> tuple[DeviceFacts | None, str]:
@@ -186,7 +160,7 @@ def _device_facts(device: torch.device, arch: int | None) -> tuple[DeviceFacts |
         )
     try:
         facts = facts_for(device)
-    except Exception as error:  # a backend's facts reader may need its device present
+    except Exception as error:  # noqa: BLE001 - a backend's facts reader may need its device present
         return None, f"unknown: reading them raised {type(error).__name__}: {error}. Pass --arch to state them"
     if facts is None:
         return None, (
@@ -203,10 +177,9 @@ def _device_facts(device: torch.device, arch: int | None) -> tuple[DeviceFacts |
 def _target(op: Op, requested: str | None, device: torch.device) -> dict[str, Any]:
     """The target a call on ``device`` binds, and why; or the error the call raises instead."""
     op_name = type(op).__name__
-    has_own_kernels = any(impls.classes for impls in op.implementations().values())
     try:
         chosen = None if requested is None else check_target_name(requested, "--target")
-        target, reason = bind_target(op_name, chosen, device, has_own_kernels=has_own_kernels)
+        target, reason = bind_target(op_name, chosen, device, has_own_kernels=op.has_own_kernels)
     except BackendError as error:
         return {"name": None, "reason": None, "builder": None, "error": f"{type(error).__name__}: {error}"}
     builder = registry.builder(op_name, target)

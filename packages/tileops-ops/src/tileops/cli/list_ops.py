@@ -79,15 +79,11 @@ def _describe_implementation(
     missing_because = getattr(cls, "missing_because", None) or None
     if registration is not None:
         origin, module, qualname = "registered", cls.__module__, cls.__qualname__
+    elif missing_because is None:
+        origin, module, qualname = "in-tree", cls.__module__, cls.__qualname__
     else:
-        # An in-tree key whose module is not installed holds a placeholder class; the op's own
-        # declaration still names the module and class it stands for.
-        reference = op_class.in_tree_kernels[interface][key]
-        if isinstance(reference, str):
-            module, _, qualname = reference.partition(":")
-        else:
-            module, qualname = reference.__module__, reference.__qualname__
-        origin = "in-tree"
+        # A kernel table whose module is not installed stands as one key, the module's name.
+        module, qualname, origin = key, "KERNELS", "in-tree"
     return {
         "key": key,
         "origin": origin,

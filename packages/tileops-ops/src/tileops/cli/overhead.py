@@ -1,11 +1,13 @@
 """``tileops overhead``: what the op layer adds to a call on the hit path, on the CPU.
 
-``RMSNormFwdOp`` is measured with one change: its in-tree implementation is one that returns a
-preallocated tensor (a subclass holds it; nothing is registered), so the kernel costs next to
-nothing; the op is then called in a loop against calling that implementation's ``forward``
-directly, in the same run. The difference is the op layer of an in-tree call: the generated
-signature checks, target and kernel lookup, and the op's own forward (reshaping, call-spec
-fields).
+The op (by default the first one ``tileops ops`` lists) is measured on its first manifest
+workload, with one change: each of its in-tree CPU implementations is replaced by a subclass
+whose ``forward`` returns the result it computed on the first call (a subclass of the op holds
+them; nothing is registered), so the kernel costs next to nothing. The op is then called in a
+loop against calling those implementations' ``forward`` directly with the arguments the op
+passed them, in the same run. The difference is the op layer of an in-tree call: the
+generated signature checks, target and kernel lookup, and the op's own forward (reshaping,
+call-spec fields).
 """
 
 from __future__ import annotations
@@ -15,69 +17,111 @@ import json
 
 import torch
 
-from tileops.backend import Kernel
+from tileops.core.kernel import Kernel, KernelInterface
+from tileops.core.op import Op
 from tileops.core.timing import best_call_times_us
-from tileops.ops import RMSNormFwdOp
-from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
+from tileops.testing import workload_inputs
+
+from . import call_flags
+from .output import UsageError
 
 BUDGET_US = 3.0
 LOOPS = 200  # timed loops per side; the best one counts
+PROBE_KEY = "overhead_probe"
 
 
-class _Preallocated(Kernel, RMSNormFwdInterface):
-    """Returns the same preallocated tensor for every call: a kernel that costs nothing."""
+def _probe_of(implementation: type[Kernel]) -> type[Kernel]:
+    """``implementation`` (a CPU implementation), answering every call after the first with the
+    first call's result, and keeping the arguments it was given."""
 
-    devices = frozenset({"cpu"})
-    takes_leading_dims = True  # as the in-tree implementations do
+    class Probe(implementation):
+        result = arguments = None
 
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.result = torch.empty(1, n)
+        def forward(self, *args):
+            if self.arguments is None:
+                self.arguments, self.result = args, super().forward(*args)
+            return self.result
 
-    @classmethod
-    def entry_for(cls, call: RMSNormCall):
-        return call.n, lambda: cls(call.n)
-
-    def forward(self, x, weight):
-        return self.result
+    Probe.__qualname__ = f"Probe[{implementation.__qualname__}]"
+    return Probe
 
 
-class _ProbedRMSNorm(RMSNormFwdOp):
-    """``RMSNormFwdOp`` (same manifest entry, forward and call path) whose in-tree
-    implementation is the probe."""
+def probed(op_class: type[Op]) -> type[Op]:
+    """``op_class`` (same manifest entry, forward and call path) whose in-tree implementation
+    of each interface is a probe of its CPU implementation."""
+    probes: dict[type[KernelInterface], dict[str, type[Kernel]]] = {}
+    for index, interface in enumerate(op_class.kernel_interfaces):
+        # The CPU implementations live with the ops, in ``in_tree_kernels``; the kernel tables
+        # of other distributions need not be imported to find them.
+        cpu = [cls for cls in op_class.in_tree_kernels.get(interface, {}).values() if "cpu" in cls.devices]
+        if not cpu:
+            raise UsageError(f"{op_class.__name__} has no in-tree CPU implementation of {interface.__name__} to probe")
+        probes[interface] = {f"{PROBE_KEY}{index or ''}": _probe_of(cpu[0])}
+    # Named apart from the op, so that no backend's registration for the op applies to it.
+    return type(
+        f"_Probed{op_class.__name__}",
+        (op_class,),
+        {
+            "in_tree_kernels": probes,
+            "kernel_tables": (),
+            "_custom_op": None,  # never traced, so no custom op is defined for it
+            "manifest_entry": classmethod(lambda cls: op_class.manifest_entry()),
+        },
+    )
 
-    in_tree_kernels = {RMSNormFwdInterface: {"overhead_probe": _Preallocated}}
-    _custom_op = None  # never traced, so no custom op is defined for it
 
-    @classmethod
-    def manifest_entry(cls):
-        return RMSNormFwdOp.manifest_entry()
-
-
-def measure(calls: int = 1000, repeats: int = LOOPS) -> dict[str, float]:
-    op = _ProbedRMSNorm(4096)
-    x, weight = torch.randn(1, 4096), torch.randn(4096)
-    op(x, weight)
-    (key, kernel), = op.built_kernels()
-    assert key == "overhead_probe", key
-    op_us, kernel_us = best_call_times_us([lambda: op(x, weight), lambda: kernel.forward(x, weight)], calls=calls, loops=repeats)
-    return {"op_us": op_us, "kernel_us": kernel_us, "overhead_us": op_us - kernel_us, "budget_us": BUDGET_US}
+def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS) -> dict[str, float]:
+    op_class = call_flags.op_class_named(op_name) if op_name else next(iter(call_flags.op_classes().values()))
+    entry = op_class.manifest_entry()
+    workload = entry.workloads[0]
+    # float32 where the workload has it: the CPU's own type, as the CPU implementations compute.
+    dtype = torch.float32 if torch.float32 in workload.dtypes else workload.dtypes[0]
+    inputs = workload_inputs(entry, workload, dtype, "cpu")
+    arguments = [inputs.get(d.name) for d in entry.inputs]
+    op = probed(op_class)(**workload.params)
+    op(*arguments)
+    built = op.built_kernels()
+    if len(built) != 1:
+        raise UsageError(f"{op_class.__name__}: overhead measures calls that run one kernel; this one ran {len(built)}")
+    ((key, kernel),) = built
+    assert key == PROBE_KEY, key
+    kernel_arguments = kernel.arguments
+    op_us, kernel_us = best_call_times_us(
+        [lambda: op(*arguments), lambda: kernel.forward(*kernel_arguments)], calls=calls, loops=repeats
+    )
+    return {
+        "op": f"{op_class.__name__}({', '.join(f'{k}={v!r}' for k, v in op.params.items())}) on {workload.name}: "
+        + ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in inputs.items()),
+        "op_us": op_us,
+        "kernel_us": kernel_us,
+        "overhead_us": op_us - kernel_us,
+        "budget_us": BUDGET_US,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
-    result = measure(args.calls)
+    result = measure(args.op, args.calls)
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"RMSNormFwdOp(4096) on a 1x4096 CPU tensor, kernel returning a preallocated tensor, best of {LOOPS} loops of {args.calls} calls, op and kernel interleaved")
-        print(f"  op(x, weight)            {result['op_us']:7.2f} us/call")
-        print(f"  kernel.forward(x, w)     {result['kernel_us']:7.2f} us/call")
+        print(
+            f"{result['op']} ({args.calls} calls per loop, best of {LOOPS} loops, op and kernel interleaved; "
+            "the kernel returns a result computed once)"
+        )
+        print(f"  op(...)                  {result['op_us']:7.2f} us/call")
+        print(f"  kernel.forward(...)      {result['kernel_us']:7.2f} us/call")
         print(f"  op layer adds            {result['overhead_us']:7.2f} us/call   (budget {BUDGET_US:.1f} us)")
     return 0
 
 
 def register(commands) -> None:
-    parser = commands.add_parser("overhead", help="measure what the op layer adds per call (CPU, hit path)", description=__doc__)
+    parser = commands.add_parser(
+        "overhead",
+        help="measure what the op layer adds per call (CPU, hit path)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("op", nargs="?", metavar="OP", help="the op's class name (default: the first op listed)")
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed loop (default 1000)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(handler=run)

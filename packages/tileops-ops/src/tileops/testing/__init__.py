@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tileops.core import Op
-from tileops.core.manifest.expressions import evaluate
-from tileops.core.manifest.loader import OpEntry, Workload
+from tileops.core.manifest import OpEntry, Workload, evaluate
 
 __all__ = [
     "WorkloadCase",
@@ -159,7 +158,7 @@ def check_empty_write(op: Op, workload: Workload, dtype: torch.dtype, device: to
 
 def resize_batch(entry: OpEntry, workload: Workload, rows: int) -> Workload:
     """``workload`` with the leading (batch) dimension set to ``rows`` in every input shaped
-    like the first input; weights and other inputs keep their shapes."""
+    like the first input; inputs of other ranks keep their shapes."""
     first = workload.shapes[entry.inputs[0].name]
     shapes = {
         name: (rows, *shape[1:]) if len(shape) == len(first) else shape for name, shape in workload.shapes.items()
@@ -171,7 +170,7 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
     """A workload of ``entry`` whose first input has ``shape``, for shapes the manifest lacks.
 
     The first input's shape pattern binds the params it names from ``shape``: a
-    ``*normalized_shape`` takes as many trailing dimensions as it has in ``template`` (default:
+    ``*name`` group bound by a shape param takes as many trailing dimensions as it has in ``template`` (default:
     the entry's first workload), and ``...`` the leading ones. The template's other inputs
     follow: an input declared the same shape as another copies it; any other is expanded from
     its pattern with the new params, its ``...`` standing for the first input's leading
@@ -181,63 +180,41 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
     """
     template = entry.workloads[0] if template is None else template
     first = entry.inputs[0]
+    pattern = first.shape
     params = dict(template.params)
     dims: dict[str, int] = {}
-    leading: tuple[int, ...] = ()
-    pattern = first.shape
-
-    def width(dim) -> int:
-        if isinstance(dim, str) and dim.startswith("*"):
-            if template.params.get(dim[1:]) is None:
-                raise ValueError(
-                    f"{entry.name}: workload {template.name!r} gives no {dim[1:]!r}, so the dimensions "
-                    f"{first.name}'s {dim} covers are unknown"
-                )
-            return len(template.params[dim[1:]])
-        return 0 if dim == "..." else 1
-
-    fixed = sum(width(dim) for dim in pattern)
-    has_ellipsis = "..." in pattern
-    if len(shape) < fixed or (not has_ellipsis and len(shape) != fixed):
-        expected = f"{'at least ' if has_ellipsis else ''}{fixed}"
+    for dim in pattern.entries:
+        if dim.group and dim.name is not None and template.params.get(dim.name) is None:
+            raise ValueError(
+                f"{entry.name}: workload {template.name!r} gives no {dim.name!r}, so the dimensions "
+                f"{first.name}'s {dim.written} covers are unknown"
+            )
+    # Every group but '...' is as wide as the template's param says; '...' takes the rest.
+    placed = pattern.place(shape, pattern.widths(template.params.get))
+    if isinstance(placed, str):
         raise ValueError(
-            f"{entry.name}: {first.name} of shape {tuple(shape)} does not fit its pattern "
-            f"{list(pattern)}: expected {expected} dimension(s), got {len(shape)}"
+            f"{entry.name}: {first.name} of shape {tuple(shape)} does not fit its pattern {list(pattern)}: {placed}"
         )
-    cursor = 0
-    for dim in pattern:
-        if dim == "...":
-            leading = tuple(shape[cursor:cursor + len(shape) - fixed])
-            cursor += len(leading)
-        elif isinstance(dim, int):
-            if shape[cursor] != dim:
-                raise ValueError(f"{entry.name}: dimension {cursor} of {first.name} must be {dim}, got {shape[cursor]}")
-            cursor += 1
-        elif dim.startswith("*"):
-            covered = width(dim)
-            params[dim[1:]] = list(shape[cursor:cursor + covered])
-            cursor += covered
+    leading: tuple[int, ...] = ()
+    for dim, (start, part) in zip(pattern.entries, placed):
+        if dim.size is not None:
+            if part[0] != dim.size:
+                raise ValueError(f"{entry.name}: dimension {start} of {first.name} must be {dim.size}, got {part[0]}")
+        elif dim.name is None:
+            leading = part
+        elif dim.group:
+            params[dim.name] = list(part)
         else:
-            (params if dim in params else dims)[dim] = shape[cursor]
-            cursor += 1
+            (params if dim.name in params else dims)[dim.name] = part[0]
 
     def expanded(decl) -> tuple[int, ...]:
-        out: list[int] = []
-        for dim in decl.shape:
-            if dim == "...":
-                out.extend(leading)
-            elif isinstance(dim, int):
-                out.append(dim)
-            elif dim.startswith("*") and params.get(dim[1:]) is not None:
-                out.extend(params[dim[1:]])
-            elif dim in params or dim in dims:
-                out.append(params[dim] if dim in params else dims[dim])
-            else:
-                raise ValueError(
-                    f"{entry.name}: the shape of {decl.name} ({list(decl.shape)}) names {dim.lstrip('*')!r}, "
-                    f"which neither {first.name}'s shape nor workload {template.name!r} gives"
-                )
-        return tuple(out)
+        try:
+            return decl.shape.expand(lambda name: params[name] if name in params else dims.get(name), leading)
+        except KeyError as missing:
+            raise ValueError(
+                f"{entry.name}: the shape of {decl.name} ({list(decl.shape)}) names {missing.args[0]!r}, "
+                f"which neither {first.name}'s shape nor workload {template.name!r} gives"
+            ) from None
 
     shapes = {first.name: tuple(shape)}
     for decl in entry.inputs[1:]:

@@ -12,20 +12,19 @@ over them, so every check is its own test with its own name::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from tileops.backend import BUILTIN, OpNotAvailableError, registered_targets
-from tileops.core import Op, registry
-from tileops.core.manifest.loader import DTYPES, Workload
+from tileops.core import Op
+from tileops.core.manifest import DTYPES, Workload
 from tileops.ops import FAMILIES
 
 from . import check_empty_write, check_workload, resize_batch, workload_elements
@@ -53,21 +52,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-@contextlib.contextmanager
-def _counted_builds(op_name: str, target: str) -> Iterator[list]:
-    """Record every call of the target's builder for ``op_name`` while the block runs."""
-    calls: list = []
-    original = registry.builder(op_name, target).value
-
-    def counting(*specs, **params):
-        calls.append(specs)
-        return original(*specs, **params)
-
-    registry.swap_builder(op_name, target, counting)
-    try:
-        yield calls
-    finally:
-        registry.swap_builder(op_name, target, original)
+def _builds(op: Op, target: str) -> int:
+    """How many kernels ``op`` has had ``target``'s builder build: ``Op`` keeps each one, by
+    the input layout it was built for, in ``built_kernels``."""
+    return sum(1 for key, _ in op.built_kernels() if key == target)
 
 
 class TargetConformance:
@@ -76,7 +64,8 @@ class TargetConformance:
     ``target`` may be ``BUILTIN`` to check the in-tree implementations on ``device``.
     Workloads above ``max_elements`` (all inputs together) are left out, and said so in the
     check list. ``backend_module`` names the module whose import registers the target; it is
-    imported in a fresh interpreter to check that importing builds no kernel.
+    imported in a fresh interpreter to check that importing builds no kernel. ``ops`` limits the
+    checks to those op classes (one family's ``OPS``, say); by default every op is checked.
     """
 
     def __init__(
@@ -86,16 +75,18 @@ class TargetConformance:
         device: str | torch.device,
         max_elements: int | None = 1 << 24,
         backend_module: str | None = None,
+        ops: Sequence[type[Op]] | None = None,
     ) -> None:
         self.target = target
         self.device = torch.device(device)
         self.max_elements = max_elements
         self.backend_module = backend_module
+        self.ops = _all_ops() if ops is None else list(ops)
 
     def served_ops(self) -> list[type[Op]]:
         if self.target == BUILTIN:
-            return _all_ops()
-        return [op for op in _all_ops() if self.target in registered_targets(op.__name__)]
+            return list(self.ops)
+        return [op for op in self.ops if self.target in registered_targets(op.__name__)]
 
     def checks(self) -> list[Check]:
         checks: list[Check] = []
@@ -115,9 +106,10 @@ class TargetConformance:
             first = entry.workloads[0]
             checks.append(Check(f"{self.target}: {op_class.__name__} empty-write call", self._empty_check(op_class, first)))
             if self.target != BUILTIN:
-                checks.append(Check(f"{self.target}: {op_class.__name__} builds once per input layout", self._build_count_check(op_class, first)))
+                name = f"{self.target}: {op_class.__name__} builds once per input layout"
+                checks.append(Check(name, self._build_count_check(op_class, first)))
         if self.target != BUILTIN:
-            for op_class in _all_ops():
+            for op_class in self.ops:
                 if op_class not in served:
                     checks.append(Check(f"{self.target}: {op_class.__name__} is not served and says so", self._not_served_check(op_class)))
         return checks
@@ -142,13 +134,15 @@ class TargetConformance:
         def run() -> None:
             dtype = workload.dtypes[0]
             op = self._op(op_class, workload)
-            with _counted_builds(op_class.__name__, self.target) as builds:
-                check_workload(op, workload, dtype, self.device)
-                check_workload(op, workload, dtype, self.device, seed=2)
-                assert len(builds) == 1, f"{op_class.__name__}: build_kernel ran {len(builds)} times for one input layout"
-                first = workload.shapes[op_class.signature().input_names[0]]
-                check_workload(op, resize_batch(op_class.manifest_entry(), workload, first[0] + 1), dtype, self.device)
-                assert len(builds) == 2, f"{op_class.__name__}: a new input shape should build once more, builds: {len(builds)}"
+            check_workload(op, workload, dtype, self.device)
+            check_workload(op, workload, dtype, self.device, seed=2)
+            builds = _builds(op, self.target)
+            assert builds == 1, f"{op_class.__name__}: build_kernel ran {builds} times for one input layout"
+            entry = op_class.manifest_entry()
+            first = workload.shapes[entry.inputs[0].name]
+            check_workload(op, resize_batch(entry, workload, first[0] + 1), dtype, self.device)
+            builds = _builds(op, self.target)
+            assert builds == 2, f"{op_class.__name__}: a new input shape should build once more, builds: {builds}"
         return run
 
     def _not_served_check(self, op_class) -> Callable[[], None]:
@@ -220,10 +214,11 @@ class KernelTypeConformance:
         return checks
 
     def _check_registered(self) -> None:
-        assert self.key in registry.kernel_types(self.op.__name__), (
+        op = self.op(**(self.inside or self.outside)[0]["params"])  # construction checks the contract
+        held = {key for implementations in op.implementations().values() for key in implementations.classes}
+        assert self.key in held and self.key not in self.op.in_tree_keys(), (
             f"{self.key!r} is not registered for {self.op.__name__}; is the backend installed?"
         )
-        self.op(**(self.inside or self.outside)[0]["params"])  # construction checks the contract
 
     def _call_check(self, call: dict[str, Any], inside: bool, index: int) -> Callable[[], None]:
         def run() -> None:

@@ -1,11 +1,30 @@
 """The manifest: each op's external contract, declared in YAML, loaded and validated strictly.
 
 ``loader`` reads and validates files into ``OpEntry`` objects; ``expressions`` compiles the
-small expression language entries use; ``signature`` turns an entry into the checks an op
-runs on every call.
+small expression language entries use; ``shapes`` is the shape-pattern language;
+``signature`` turns an entry into the checks an op runs on every call (the reference bind;
+``tileops.core.call_path`` generates the fast path of the common case from the same entry).
+
+The names exported here are the manifest's data model for TileOPs' own tools (the command
+line, ``tileops.testing``); the modules behind them are internal.
 """
 
-from .loader import OpEntry, load_manifest
+from .expressions import evaluate
+from .loader import DTYPES, OpEntry, ParamDecl, TensorDecl, Workload, load_manifest, parse_manifest
+from .shapes import PatternEntry, ShapePattern
 from .signature import BoundCall, Signature
 
-__all__ = ["BoundCall", "OpEntry", "Signature", "load_manifest"]
+__all__ = [
+    "DTYPES",
+    "BoundCall",
+    "OpEntry",
+    "ParamDecl",
+    "PatternEntry",
+    "ShapePattern",
+    "Signature",
+    "TensorDecl",
+    "Workload",
+    "evaluate",
+    "load_manifest",
+    "parse_manifest",
+]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ import yaml
 
 from ..errors import ManifestError
 from .expressions import ExpressionError, compile_expression
+from .shapes import ShapePattern
 
 DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
@@ -32,7 +32,6 @@ DTYPES: dict[str, torch.dtype] = {
 PARAM_TYPES = ("int", "float", "bool", "str", "shape", "dtype")
 ACCESS = ("read", "readwrite", "write")
 _MISSING = object()
-_DIM = re.compile(r"^(\*?)([A-Za-z_][A-Za-z0-9_]*)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +41,7 @@ class TensorDecl:
     name: str
     dtypes: tuple[torch.dtype, ...] | None  # allowed dtypes, or None when dtype_same_as is set
     dtype_same_as: str | None
-    shape: tuple[int | str, ...] | None  # pattern, or None when shape_same_as is set
+    shape: ShapePattern | None  # None when shape_same_as is set
     shape_same_as: str | None
     optional: bool = False
     cpu: bool = False
@@ -193,26 +192,10 @@ def _shape_decl(value: Any, where: _Where, earlier: list[str], shape_params: set
         return None, ref
     if not isinstance(value, list):
         raise where.error(f"expected a list of dimensions or {{same_as: tensor}}, got {value!r}")
-    pattern: list[int | str] = []
-    free_variadics = 0
-    for i, dim in enumerate(value):
-        if isinstance(dim, bool) or not isinstance(dim, (int, str)):
-            raise where.error(f"dimension {i} is {dim!r}; expected an int, a name, '*name' or '...'")
-        if isinstance(dim, int):
-            if dim < 0:
-                raise where.error(f"dimension {i} is negative: {dim}")
-        elif dim != "...":
-            match = _DIM.match(dim)
-            if not match:
-                raise where.error(f"dimension {i} is {dim!r}; expected a name, '*name' or '...'")
-            if match.group(1) and match.group(2) not in shape_params:
-                free_variadics += 1
-        else:
-            free_variadics += 1
-        pattern.append(dim)
-    if free_variadics > 1:
-        raise where.error(f"{value!r} has {free_variadics} variadic groups not bound by a param; at most one can be matched")
-    return tuple(pattern), None
+    try:
+        return ShapePattern.parse(value, shape_params), None
+    except ValueError as error:
+        raise where.error(str(error)) from None
 
 
 def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_params: set[str], *, output: bool, inputs: dict) -> TensorDecl:
@@ -252,7 +235,9 @@ def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_para
             raise where.at("access").error(f"expected one of {', '.join(ACCESS)}, got {access!r}")
         fields["access"] = access
         if access == "read" and fields["contiguous"]:
-            raise where.at("contiguous").error("only written inputs declare contiguous: inputs that are only read are always made contiguous")
+            raise where.at("contiguous").error(
+                "only written inputs declare contiguous: inputs that are only read are always made contiguous"
+            )
     return TensorDecl(**fields)
 
 
@@ -279,7 +264,7 @@ def param_value(kind: str, value: Any) -> Any:
         if not isinstance(value, torch.dtype):
             raise ValueError("a torch.dtype")
         return value
-    # shape: an int or a sequence of ints, as torch's normalized_shape
+    # shape: an int or a sequence of ints, as torch's shape arguments take
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value,)
     if isinstance(value, (list, tuple, torch.Size)) and all(
@@ -314,14 +299,6 @@ def _param(name: str, value: Any, where: _Where) -> ParamDecl:
         keyword_only=_bool(spec.get("keyword_only", False), where.at("keyword_only")),
         doc=_str(spec.get("doc", ""), where.at("doc")),
     )
-
-
-def _names_of_pattern(pattern: tuple[int | str, ...] | None) -> set[str]:
-    names = set()
-    for dim in pattern or ():
-        if isinstance(dim, str) and dim != "...":
-            names.add(dim.lstrip("*"))
-    return names
 
 
 def _entry(op: str, value: Any, source: str) -> OpEntry:
@@ -359,7 +336,7 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         outputs[name] = _tensor(name, v, where.at(f"signature.outputs.{name}"), list(inputs), shape_params, output=True, inputs=inputs)
     if not outputs:
         raise where.at("signature.outputs").error("an op needs at least one output")
-    clash = sorted(({t.out for t in outputs.values() if t.out} & (set(inputs) | {p.name for p in params})))
+    clash = sorted({t.out for t in outputs.values() if t.out} & (set(inputs) | {p.name for p in params}))
     if clash:
         raise where.at("signature.outputs").error(f"out keyword(s) {', '.join(clash)} clash with an input or param name")
     exec_args = tuple(
@@ -382,17 +359,17 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
                     f"same_as {ref!r} names an optional input, which a call may omit; declare the {field} outright"
                 )
 
-    dims = set().union(*(_names_of_pattern(t.shape) for t in inputs.values()))
+    dims = set().union(*(t.shape.names for t in inputs.values() if t.shape is not None))
     param_names = {p.name for p in params}
     overlap = sorted(dims & param_names - shape_params)
     if overlap:
         raise where.at("signature").error(f"dimension name(s) {', '.join(overlap)} clash with param names")
     for name, t in outputs.items():
-        if t.shape is not None and "..." in t.shape:
+        if t.shape is not None and t.shape.has_rest:
             raise where.at(f"signature.outputs.{name}.shape").error(
                 "'...' cannot be expanded in an output; name the group ('*batch') in an input, or use same_as"
             )
-        undefined = sorted(_names_of_pattern(t.shape) - dims - param_names)
+        undefined = sorted((t.shape.names if t.shape is not None else set()) - dims - param_names)
         if undefined:
             raise where.at(f"signature.outputs.{name}.shape").error(
                 f"uses {', '.join(undefined)}, which no input shape or param binds"
@@ -440,7 +417,9 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         dtypes = tuple(_dtype(d, wwhere.at("dtypes")) for d in (w["dtypes"] or []))
         bad = [d for d in dtypes if d not in allowed_dtypes or d not in tolerance]
         if not dtypes or bad:
-            raise wwhere.at("dtypes").error(f"every dtype must be accepted by the inputs and have a tolerance; check {bad or w['dtypes']!r}")
+            raise wwhere.at("dtypes").error(
+                f"every dtype must be accepted by the inputs and have a tolerance; check {bad or w['dtypes']!r}"
+            )
         wparams = _mapping(w.get("params") or {}, wwhere.at("params"), param_names)
         missing = sorted(p.name for p in params if p.required and p.name not in wparams)
         if missing:
@@ -508,7 +487,7 @@ def parse_manifest(text: str, source: str) -> dict[str, OpEntry]:
     return {op: _entry(op, value, source) for op, value in document.items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_manifest(path: Any) -> Mapping[str, OpEntry]:
     """Load and validate one manifest file (a path or an ``importlib.resources`` traversable)."""
     return parse_manifest(path.read_text(encoding="utf-8"), str(path))

@@ -16,8 +16,8 @@ import torch
 
 from ..errors import OpArgumentError
 from .expressions import evaluate
-from .fastpath import try_compile_call_path
 from .loader import OpEntry, ParamDecl, TensorDecl, param_value
+from .shapes import given
 
 
 class BoundCall:
@@ -38,10 +38,6 @@ class BoundCall:
 
 def _dtype_text(dtypes: Sequence[torch.dtype]) -> str:
     return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-
-
-def _pattern_text(pattern: Sequence[int | str]) -> str:
-    return "[" + ", ".join(str(d) for d in pattern) + "]"
 
 
 class _ParamCheck:
@@ -81,7 +77,6 @@ class Signature:
         self._written_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.written)
         self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
         self._single_output = len(entry.outputs) == 1
-        self._call_path_factories: dict[tuple, Any] = {}
         self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
             t.name for t in entry.outputs if not t.aliases
         )
@@ -108,22 +103,6 @@ class Signature:
                 shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
                 raise OpArgumentError(f"{self.op}: {constraint.message} (params: {shown}; rule: {constraint.text})")
         return params
-
-    def call_path_factory(self, params: Mapping[str, Any], builtin: str):
-        """The factory of the generated call path for an instance with ``params`` (see
-        fastpath.py), or None where every call takes the reference bind.
-
-        Generated once per distinct params; each instance makes its own call path from it.
-        """
-        key = tuple(params.items())
-        try:
-            return self._call_path_factories[key]
-        except KeyError:
-            factory = try_compile_call_path(self.entry, params, BoundCall, self.check_result, builtin)
-            self._call_path_factories[key] = factory
-            return factory
-        except TypeError:  # params that cannot key a cache: the reference bind serves
-            return None
 
     def check_exec_arg(self, name: str, value: Any) -> Any:
         """An execution argument's value checked and converted as a call's would be."""
@@ -158,7 +137,7 @@ class Signature:
                     f"{self.op}: unexpected argument {name!r}; it takes inputs {', '.join(self.input_names)}"
                     + (f" and output buffers {', '.join(self.out_keywords)}" if self.out_keywords else "")
                     + (f" and execution arguments {', '.join(self._exec_checks)}" if self._exec_checks else "")
-                    + " (params such as eps are given when the op is constructed)"
+                    + " (params are given when the op is constructed)"
                 )
 
         first = values[0]
@@ -290,11 +269,11 @@ class Signature:
                     f"{tuple(other.shape)}, got {shape}"
                 )
             return
-        problem = _match(decl.shape, shape, dims, scope)
+        problem = decl.shape.match(shape, dims, scope)
         if problem is not None:
             raise OpArgumentError(
-                f"{self.op}: argument {decl.name!r} expected shape {_pattern_text(decl.shape)}"
-                f"{_bindings_text(decl.shape, dims, scope)}, got {shape}: {problem}"
+                f"{self.op}: argument {decl.name!r} expected shape {decl.shape}"
+                f"{decl.shape.bindings_text(dims, scope)}, got {shape}: {problem}"
             )
 
     def _check_call_constraints(self, params: Mapping[str, Any], dims: dict) -> None:
@@ -314,7 +293,7 @@ class Signature:
                 source = values[self._input_index[decl.shape_same_as]]
                 shapes.append(tuple(source.shape))
             else:
-                shapes.append(_expand(decl.shape, dims, params))
+                shapes.append(decl.shape.expand(lambda name: given(name, dims, params)))
             if decl.dtype_same_as is not None:
                 dtypes.append(values[self._input_index[decl.dtype_same_as]].dtype)
             else:
@@ -337,72 +316,3 @@ class Signature:
             raise OpArgumentError(
                 f"{self.op}: output buffer {keyword!r} must be contiguous; got strides {tuple(buffer.stride())}"
             )
-
-
-def _match(pattern, shape: tuple[int, ...], dims: dict, scope: Mapping[str, Any]) -> str | None:
-    """Bind ``pattern`` against ``shape`` into ``dims``; a description of the mismatch, or None."""
-    fixed = 0
-    free = None
-    for position, dim in enumerate(pattern):
-        if isinstance(dim, str) and (dim == "..." or dim[0] == "*"):
-            bound = scope.get(dim[1:]) if dim[0] == "*" else None
-            if bound is None:
-                bound = dims.get(dim[1:]) if dim[0] == "*" else None
-            if bound is None:
-                free = position
-                continue
-            fixed += len(bound)
-        else:
-            fixed += 1
-    if (free is None and len(shape) != fixed) or len(shape) < fixed:
-        return f"expected {'at least ' if free is not None else ''}{fixed} dimension(s), got {len(shape)}"
-    cursor = 0
-    for dim in pattern:
-        if isinstance(dim, int):
-            if shape[cursor] != dim:
-                return f"dimension {cursor} must be {dim}"
-            cursor += 1
-        elif dim == "..." or dim[0] == "*":
-            name = "" if dim == "..." else dim[1:]  # "..." binds nothing
-            bound = scope.get(name) if name else None
-            if bound is None and name:
-                bound = dims.get(name)
-            width = len(shape) - fixed if bound is None else len(bound)
-            part = shape[cursor:cursor + width]
-            if bound is not None and tuple(bound) != part:
-                return f"dimensions {cursor}..{cursor + width - 1} are {part}, {name} is {tuple(bound)}"
-            if name and bound is None:
-                dims[name] = part
-            cursor += width
-        else:
-            bound = scope.get(dim, dims.get(dim))
-            if bound is None:
-                dims[dim] = shape[cursor]
-            elif shape[cursor] != bound:
-                return f"dimension {cursor} ({dim}) must be {bound}"
-            cursor += 1
-    return None
-
-
-def _bindings_text(pattern, dims: Mapping[str, Any], scope: Mapping[str, Any]) -> str:
-    known = []
-    for dim in pattern:
-        if isinstance(dim, str) and dim != "...":
-            name = dim.lstrip("*")
-            value = scope.get(name, dims.get(name))
-            if value is not None:
-                known.append(f"{name}={value!r}")
-    return f" with {', '.join(known)}" if known else ""
-
-
-def _expand(pattern, dims: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[int, ...]:
-    shape: list[int] = []
-    for dim in pattern:
-        if isinstance(dim, int):
-            shape.append(dim)
-        elif dim[0] == "*":
-            name = dim[1:]
-            shape.extend(params[name] if name in params else dims[name])
-        else:
-            shape.append(params[dim] if dim in params else dims[dim])
-    return tuple(shape)

@@ -5,7 +5,9 @@ through torch's argument parser (about 1.8 us on the H200's host) and for tvm-ff
 tensor into an ffi Tensor (about 0.6 us) around TileLang's entry function; the C++ ``Launcher``
 allocates through ATen and hands the entry DLTensors built on the stack. It is called as the
 kernel's forward and sends every call it does not handle to the Python forward, which serves
-them all.
+them all. It allocates outputs shaped like one of the call's arguments only: a kernel with an
+output of another shape (a shape function of the inputs and params) keeps its Python forward
+for every call (``kernel.TileLangKernel`` asks for no launcher then).
 
 It is compiled when the first kernel is built on a machine, with the C++ compiler (``$CXX``, else
 ``c++``), against the torch, tvm-ffi, Python and CUDA headers in use, into
@@ -169,8 +171,13 @@ def launcher(
     fallback: Callable[..., Any],
     resolve: Callable[[int, int], Any],
     device: int,
-    outputs: int,
-    build_sizes: tuple[int, int, int],
+    *,
+    arity: int,
+    order: tuple[int, ...],
+    outputs: tuple[int, ...],
+    size_of: int,
+    choices: tuple[tuple[int, int], ...],
+    default_build: int,
 ) -> Callable[..., Any] | None:
     """A C++ forward for a kernel, or None where the launch path cannot be built.
 
@@ -178,11 +185,15 @@ def launcher(
     does not handle a call. resolve(rank, build): the TileLang entry of that build for tensors
     of that rank (compiling it if needed), or None to leave them to the fallback. device: the
     CUDA device index calls launch on (-1: every call goes to the fallback; the ``device``
-    attribute can change it). outputs: how many tensors like x it allocates and returns (1: the
-    tensor, 2: a pair). build_sizes: (few_rows, above, up_to): x.numel() of at most few_rows
-    takes build 2, over above and at most up_to build 1, any other build 0.
+    attribute can change it). arity: how many arguments a call has; order: the positions of
+    those the entry takes, in its order (an absent one, None, is left out); outputs: for each
+    tensor allocated and passed after them, the position of the argument it is allocated like
+    (one output is returned alone, several as a tuple). size_of: the argument whose rank picks
+    the compiled rank and whose numel the build: the build of the first (bound, build) of
+    ``choices`` (increasing bounds) with numel <= bound, else ``default_build``. The C++ side
+    refuses, with a ValueError, declarations outside its limits (8 arguments, 4 outputs, 8 builds).
     """
     module = _module()
     if module is None:
         return None
-    return module.Launcher(fallback, resolve, device, outputs, *build_sizes)
+    return module.Launcher(fallback, resolve, device, arity, order, outputs, size_of, choices, default_build)

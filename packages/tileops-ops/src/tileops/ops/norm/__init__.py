@@ -1,4 +1,8 @@
-"""The normalization family: ops, their kernel interfaces and call specs."""
+"""The normalization family: ops, their kernel interfaces and call specs.
+
+``OPS`` lists the family's op classes, in the order ``tileops.ops.FAMILIES`` and the command
+line show them; ``command_line`` holds the family's shorthand flags for the ``tileops`` command.
+"""
 
 from .interfaces import (
     FusedAddLayerNormCall,
@@ -13,6 +17,8 @@ from .interfaces import (
 )
 from .ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 
+OPS = (RMSNormFwdOp, LayerNormFwdOp, FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp)
+
 __all__ = [
     "FusedAddLayerNormCall",
     "FusedAddLayerNormFwdInterface",
@@ -24,6 +30,7 @@ __all__ = [
     "LayerNormFwdInterface",
     "LayerNormFwdOp",
     "NormCall",
+    "OPS",
     "RMSNormCall",
     "RMSNormFwdInterface",
     "RMSNormFwdOp",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tileops.backend import Kernel
+from tileops.core import Kernel
 
 from .interfaces import (
     FusedAddLayerNormFwdInterface,

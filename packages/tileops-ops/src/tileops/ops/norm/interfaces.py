@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from tileops.backend import CallSpec, KernelInterface
+from tileops.core import CallSpec, KernelInterface
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,23 +24,14 @@ from .interfaces import (
     RMSNormFwdInterface,
 )
 
-
-
-def _cuda(kind: str, class_prefix: str) -> dict[str, str]:
-    """The in-tree TileLang keys of one kind (see tileops.kernels.cuda.norm)."""
-    module = "tileops.kernels.cuda.norm"
-    return {
-        kind: f"{module}:{class_prefix}Kernel",
-        f"{kind}_shared": f"{module}:{class_prefix}SharedKernel",
-        f"{kind}_streamed": f"{module}:{class_prefix}StreamedKernel",
-        f"{kind}_scalar": f"{module}:{class_prefix}ScalarKernel",
-    }
-
 _ALIGNMENT = 16  # bytes; vectorised kernels load 16 bytes per thread
 
 
-def _aligned(x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None = None, c: torch.Tensor | None = None) -> bool:
-    """Whether every given tensor's data pointer is 16-byte aligned."""
+def _aligned(
+    x: torch.Tensor, a: torch.Tensor | None = None, b: torch.Tensor | None = None, c: torch.Tensor | None = None
+) -> bool:
+    """Whether every given tensor's data pointer is 16-byte aligned (tensors, or descriptions of
+    them: ``call_specs`` asks it too)."""
     # Spelled out rather than a loop over *tensors: this runs on every call.
     address = x.data_ptr()
     if a is not None:
@@ -54,6 +45,8 @@ def _aligned(x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None = N
 
 class _NormOp(Op):
     manifest_file = files("tileops.ops") / "manifest" / "norm.yaml"
+    # The TileLang kernels, key -> class per interface, imported when an op is first built.
+    kernel_tables = ("tileops.kernels.cuda.norm:KERNELS",)
 
     def __init__(self, *, target: str | None, **params: Any) -> None:
         super().__init__(target=target, **params)
@@ -73,6 +66,14 @@ class _NormOp(Op):
         stands for: the forwards pass only what varies between calls; ``n`` and ``eps`` are the
         instance's."""
         return interface.call_spec(device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned)
+
+    def call_specs(self, device, inputs):
+        """The call spec a call with ``inputs`` (descriptions, the omitted optional ones absent)
+        gets, built from the facts each forward passes ``kernel_for``."""
+        (interface,) = self.kernel_interfaces
+        has_weight, has_bias = "weight" in inputs, "bias" in inputs
+        spec = self.call_spec(interface, device, inputs["x"].dtype, has_weight, has_bias, _aligned(*inputs.values()))
+        return {interface: spec}
 
     def eps_for(self, dtype: torch.dtype) -> float:
         """The eps a call in ``dtype`` uses: the given one, else torch's default for dtype."""
@@ -120,12 +121,7 @@ class RMSNormFwdOp(_NormOp):
     """``torch.nn.functional.rms_norm`` as an op: ``op(x, weight=None, *, out=None)``."""
 
     kernel_interfaces = (RMSNormFwdInterface,)
-    in_tree_kernels = {
-        RMSNormFwdInterface: {
-            "torch_cpu": cpu.TorchCpuRMSNorm,
-            **_cuda("rms_norm", "RMSNorm"),
-        }
-    }
+    in_tree_kernels = {RMSNormFwdInterface: {"torch_cpu": cpu.TorchCpuRMSNorm}}
 
     def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
@@ -142,12 +138,7 @@ class LayerNormFwdOp(_NormOp):
     """``torch.nn.functional.layer_norm`` as an op: ``op(x, weight=None, bias=None, *, out=None)``."""
 
     kernel_interfaces = (LayerNormFwdInterface,)
-    in_tree_kernels = {
-        LayerNormFwdInterface: {
-            "torch_cpu": cpu.TorchCpuLayerNorm,
-            **_cuda("layer_norm", "LayerNorm"),
-        }
-    }
+    in_tree_kernels = {LayerNormFwdInterface: {"torch_cpu": cpu.TorchCpuLayerNorm}}
 
     def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
@@ -167,12 +158,7 @@ class FusedAddRMSNormFwdOp(_NormOp):
     ``op(x, residual, weight=None, *, out=None, residual_out=None) -> (y, residual_sum)``."""
 
     kernel_interfaces = (FusedAddRMSNormFwdInterface,)
-    in_tree_kernels = {
-        FusedAddRMSNormFwdInterface: {
-            "torch_cpu": cpu.TorchCpuFusedAddRMSNorm,
-            **_cuda("add_rms_norm", "FusedAddRMSNorm"),
-        }
-    }
+    in_tree_kernels = {FusedAddRMSNormFwdInterface: {"torch_cpu": cpu.TorchCpuFusedAddRMSNorm}}
 
     def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
@@ -193,12 +179,7 @@ class FusedAddLayerNormFwdOp(_NormOp):
     ``op(x, residual, weight=None, bias=None, *, out=None, residual_out=None) -> (y, residual_sum)``."""
 
     kernel_interfaces = (FusedAddLayerNormFwdInterface,)
-    in_tree_kernels = {
-        FusedAddLayerNormFwdInterface: {
-            "torch_cpu": cpu.TorchCpuFusedAddLayerNorm,
-            **_cuda("add_layer_norm", "FusedAddLayerNorm"),
-        }
-    }
+    in_tree_kernels = {FusedAddLayerNormFwdInterface: {"torch_cpu": cpu.TorchCpuFusedAddLayerNorm}}
 
     def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)

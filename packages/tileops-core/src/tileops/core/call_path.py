@@ -1,13 +1,15 @@
 """The generated call path of an op instance: its checks, dispatch and result checks.
 
 For one op entry and one set of params, Python source is written once that accepts only the
-common case — every tensor present as declared, a torch.Tensor, contiguous, on the call's
-device, with the declared dtype and shape, output buffers that fit — runs the op's forward (or
-hands the checked call to its target) and checks the result inline. Anything else, including a
-call whose written tensors are all empty, is declined and goes to ``Signature.bind``, the
-reference: it copies non-contiguous inputs, builds the precise error and returns an empty
-call's outputs. So the generated checks can only ever be stricter, never more lenient, than
-the reference. The source is kept on the factory as ``source``.
+common case (every tensor present as declared, a torch.Tensor, contiguous, on the call's
+device, with the declared dtype and shape, output buffers that fit), runs the op's forward (or
+hands the checked call to the op's ``run_bound``) and checks the result inline. Anything else,
+including a call whose written tensors are all empty, is declined: the path raises
+``CallDeclined`` and ``Op`` hands the call's own arguments to ``Signature.bind``, the reference,
+which copies non-contiguous inputs, builds the precise error and returns an empty call's
+outputs. So the generated checks can only ever be stricter, never more lenient, than the
+reference, and a declined call is bound once. The generated source names no attribute of the
+op: the op passes in what the path calls. The source is kept on the factory as ``source``.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from typing import Any
 
 import torch
 
-from .expressions import evaluate
-from .loader import OpEntry, TensorDecl
+from .manifest import BoundCall, Signature
+from .manifest.expressions import evaluate
+from .manifest.loader import OpEntry, TensorDecl
+from .manifest.shapes import PatternEntry
 
 
 class _Writer:
+    """Collects the lines and constants of one call path's source."""
+
     def __init__(self, entry: OpEntry, params: Mapping[str, Any]) -> None:
         self.entry, self.params = entry, params
         self.lines: list[str] = []
@@ -40,74 +46,46 @@ class _Writer:
 
     def shape_checks(self, decl: TensorDecl, shape_var: str, indent: int) -> None:
         pattern = decl.shape
-        widths = []
-        free_at = None
-        for i, dim in enumerate(pattern):
-            if isinstance(dim, str) and (dim == "..." or dim[0] == "*"):
-                name = dim[1:]
-                if name in self.params:
-                    widths.append(len(self.params[name]))
-                elif name in self.dims:
-                    widths.append(None)  # bound by an earlier input: same length, checked below
-                    free_at = i if free_at is None else free_at
-                else:
-                    widths.append(None)
-                    free_at = i if free_at is None else free_at
-            else:
-                widths.append(1)
-        known = self._known_shape(pattern)
+        known = pattern.known_shape(self.params)
         if known is not None:  # one tuple comparison instead of a length and an index per entry
             self.emit(f"if {shape_var} != {self.constant(known)}: break", indent)
             return
-        fixed = sum(w for w in widths if w is not None)
+        # Groups the params size have their width now; any other group (free, or bound by an
+        # earlier input, whose size the comparison of the group checks) is the free one.
+        widths = pattern.widths(self.params.get)
+        fixed, free_at = pattern.arity(widths)
         comparison = "<" if free_at is not None else "!="
         self.emit(f"if len({shape_var}) {comparison} {fixed}: break", indent)
         # Entries before the free group index from the front, entries after it from the back
         # (negative indices), so no index depends on the call's rank.
+        entries = pattern.entries
         offset = 0
-        for i, dim in enumerate(pattern):
-            if free_at is not None and i >= free_at:
-                break
-            self._check_entry(dim, shape_var, offset, widths[i], indent)
-            offset += widths[i]
+        for entry, width in zip(entries[:free_at], widths):
+            self._check_entry(entry, shape_var, offset, indent)
+            offset += width
         if free_at is None:
             return
         back = 0
-        for i in range(len(pattern) - 1, free_at, -1):
+        for i in range(len(entries) - 1, free_at, -1):
             back += widths[i]
-            self._check_entry(pattern[i], shape_var, -back, widths[i], indent)
-        dim = pattern[free_at]
-        if dim != "...":
-            group = f"tuple({shape_var}[{offset}:len({shape_var}) - {back}])"
-            self._bind_or_compare(dim[1:], group, indent)
+            self._check_entry(entries[i], shape_var, -back, indent)
+        group = entries[free_at]
+        if group.name is not None:  # '...' binds nothing
+            self._bind_or_compare(group.name, f"tuple({shape_var}[{offset}:len({shape_var}) - {back}])", indent)
 
-    def _known_shape(self, pattern) -> tuple[int, ...] | None:
-        """The whole shape when params fix every entry of ``pattern``, else None."""
-        known: list[int] = []
-        for dim in pattern:
-            if isinstance(dim, int):
-                known.append(dim)
-            elif dim[0] == "*" and dim[1:] in self.params:
-                known.extend(self.params[dim[1:]])
-            elif dim in self.params:
-                known.append(self.params[dim])
-            else:
-                return None
-        return tuple(known)
-
-    def _check_entry(self, dim, shape_var: str, index: int, width: int, indent: int) -> None:
-        """Checks of one pattern entry starting at ``index`` (negative: from the end)."""
-        if isinstance(dim, int):
-            self.emit(f"if {shape_var}[{index}] != {dim}: break", indent)
-        elif dim[0] == "*":
+    def _check_entry(self, entry: PatternEntry, shape_var: str, index: int, indent: int) -> None:
+        """Checks of one pattern entry of known width starting at ``index`` (negative: from the end)."""
+        if entry.size is not None:
+            self.emit(f"if {shape_var}[{index}] != {entry.size}: break", indent)
+        elif entry.group:
             # A group bound by a shape param: its sizes are known now, so compare them one by
             # one (ints compare faster than a slice of torch.Size).
-            for position, size in enumerate(self.params[dim[1:]]):
+            for position, size in enumerate(self.params[entry.name]):
                 self.emit(f"if {shape_var}[{index + position}] != {size}: break", indent)
-        elif dim in self.params:
-            self.emit(f"if {shape_var}[{index}] != {self.constant(self.params[dim])}: break", indent)
+        elif self.params.get(entry.name) is not None:
+            self.emit(f"if {shape_var}[{index}] != {self.constant(self.params[entry.name])}: break", indent)
         else:
-            self._bind_or_compare(dim, f"{shape_var}[{index}]", indent)
+            self._bind_or_compare(entry.name, f"{shape_var}[{index}]", indent)
 
     def _bind_or_compare(self, name: str, value: str, indent: int) -> None:
         if name in self.dims:
@@ -121,14 +99,15 @@ class _Writer:
         if decl.shape_same_as is not None:
             return f"_s_{decl.shape_same_as}"
         parts = []
-        for dim in decl.shape:
-            if isinstance(dim, int):
-                parts.append(f"({dim},)")
-            elif dim[0] == "*":
-                name = dim[1:]
-                parts.append(self.constant(tuple(self.params[name])) if name in self.params else self.dims[name])
+        for entry in decl.shape.entries:
+            if entry.size is not None:
+                parts.append(f"({entry.size},)")
+                continue
+            param = self.params.get(entry.name)
+            if entry.group:
+                parts.append(self.dims[entry.name] if param is None else self.constant(tuple(param)))
             else:
-                parts.append(f"({self.constant(self.params[dim]) if dim in self.params else self.dims[dim]},)")
+                parts.append(f"({self.dims[entry.name] if param is None else self.constant(param)},)")
         return "torch.Size(" + (" + ".join(parts) or "()") + ")"
 
     def output_dtype(self, decl: TensorDecl) -> str:
@@ -136,18 +115,25 @@ class _Writer:
 
 
 #: The default of a required input in the generated signature: the caller did not pass it.
-ABSENT = object()
+_ABSENT = object()
 
 
-def compile_call_path(entry: OpEntry, params: Mapping[str, Any], bound_call: type, check_result, builtin: str):
-    """The factory ``make_call_path(op)`` of the call path of an op with ``params``.
+class CallDeclined(Exception):
+    """Raised by a generated call path for a call it does not take: the caller hands the call's
+    own arguments to the reference bind. Raising costs nothing on the calls the path takes
+    (a return-value sentinel would cost a comparison on every one)."""
 
-    The call path takes the op's call arguments. When every check holds and the op's target is
-    ``builtin`` it runs ``op.forward`` and checks the result inline, unless the factory was
-    called with ``check_results=False`` (the op runs only its own, tested implementations: the
-    check would cost a tenth of a decode call and never fire); for other targets it hands
-    ``op._run_bound`` a ``bound_call``; any call it declines goes, with its arguments, to
-    ``op._call_declined(inputs, more_positional, out_buffers, other_keywords)``.
+
+def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: Callable[..., Any]):
+    """The factory of the call path of an op with ``params``:
+    ``make_call_path(forward=, run_bound=, runs_forward=, check_results=)``.
+
+    The call path takes the op's call arguments. When every check holds it runs
+    ``forward(*inputs, **out_buffers)`` if ``runs_forward`` (the op is bound to its in-tree
+    implementations), checking the result inline unless ``check_results`` is false (the op runs
+    only its own, tested implementations: the check would cost a tenth of a decode call and
+    never fire); otherwise it returns ``run_bound(call)`` of the checked ``BoundCall``. It
+    raises ``CallDeclined`` for any call it does not take.
     ``check_result(result, call, producer)`` builds the error for a result that does not fit.
     """
     outs = [t.out for t in entry.outputs if t.out]
@@ -235,8 +221,8 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
         f"_BoundCall(({inputs}), _outs, _dev, {dims}, ({''.join(s + ', ' for s in shapes)}), "
         f"({''.join(d + ', ' for d in dtypes)}))"
     )
-    w.emit("if _op._target is not _BUILTIN:", 1)
-    w.emit(f"return _op._run_bound({bound})", 2)
+    w.emit("if not _runs_forward:", 1)
+    w.emit(f"return _run_bound({bound})", 2)
     w.emit(f"_r = _forward({inputs}) if _outs is _NO_OUTS else _forward({inputs}**_outs)", 1)
     w.emit("if _trusted: return _r", 1)
     if len(entry.outputs) == 1:
@@ -252,18 +238,17 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
         w.emit(f"if {fits}: return _r", 2)
     w.emit(f"return _check_result(_r, {bound}, 'forward')", 1)
 
-    out_keywords = "{" + ", ".join(f"{o!r}: {o}" for o in outs) + "}"
     header = ", ".join(f"{decl.name}={'None' if decl.optional else '_ABSENT'}" for decl in entry.inputs)
     header += ", *_more" + "".join(f", {o}=None" for o in outs) + ", **_extra"
     source = "\n".join(
         [
-            "def make_call_path(_op, check_results=True):",
-            "    _forward = _op.forward",
+            "def make_call_path(*, forward, run_bound, runs_forward, check_results):",
+            "    _forward, _run_bound, _runs_forward = forward, run_bound, runs_forward",
             "    _trusted = not check_results",
             f"    def call_path({header}):",
             "        while not (_more or _extra):",
             *w.lines,
-            f"        return _op._call_declined(({inputs}), _more, {out_keywords}, _extra)",
+            "        raise _CallDeclined",
             "    return call_path",
         ]
     )
@@ -272,11 +257,11 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], bound_call: typ
         return all(evaluate(c.code, namespace) for c in call_constraints)
 
     namespace = {
-        "_ABSENT": ABSENT,
-        "_BUILTIN": builtin,
+        "_ABSENT": _ABSENT,
+        "_CallDeclined": CallDeclined,
         "_Tensor": torch.Tensor,
         "torch": torch,
-        "_BoundCall": bound_call,
+        "_BoundCall": BoundCall,
         "_check_result": check_result,
         "_params": dict(params),
         "_NO_OUTS": MappingProxyType({}),
@@ -294,9 +279,25 @@ class _Unsupported(Exception):
     """The entry uses a feature the fast path does not generate; the reference bind serves it."""
 
 
-def try_compile_call_path(entry: OpEntry, params: Mapping[str, Any], bound_call: type, check_result, builtin: str):
-    """``compile_call_path``, or None where the entry needs the reference bind for every call."""
+_factories: dict[tuple, Callable[..., Any] | None] = {}
+
+
+def call_path_factory(signature: Signature, params: Mapping[str, Any]) -> Callable[..., Any] | None:
+    """The factory of the generated call path for an instance with ``params`` of the op whose
+    signature is ``signature``, or None where every call takes the reference bind.
+
+    Generated once per op and distinct params; each instance makes its own call path from it.
+    """
     try:
-        return compile_call_path(entry, params, bound_call, check_result, builtin)
-    except _Unsupported:
+        key = (signature, *params.items())
+        return _factories[key]
+    except KeyError:
+        pass
+    except TypeError:  # params that cannot key a cache: the reference bind serves
         return None
+    try:
+        factory = compile_call_path(signature.entry, params, signature.check_result)
+    except _Unsupported:
+        factory = None
+    _factories[key] = factory
+    return factory
