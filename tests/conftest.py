@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 
     import torch
 
-    no_gpu = pytest.mark.skip(reason="GPU tier: needs a CUDA GPU (run on the H200 through the device tool)")
+    no_gpu = pytest.mark.skip(reason="GPU tier: needs a CUDA GPU")
     no_nvcc = pytest.mark.skip(reason="compile tier: needs nvcc (the CUDA toolkit) on PATH")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():

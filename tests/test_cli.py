@@ -176,7 +176,7 @@ def test_explain_on_hopper_selects_the_register_kernel_on_the_builtin_target(cap
     assert "  - rms_norm: selected" in out
     assert "  - rms_norm_shared: beaten (beaten by rms_norm)" in out
     assert "  - torch_cpu: unavailable (runs on cpu, not cuda)" in out
-    assert "  - acme_short_rows: refused (serves rows of at most 256 elements" in out
+    assert "  - acme_short_rows: unavailable (runs on cpu, not cuda)" in out
 
 
 def test_explain_of_rows_that_are_not_16_byte_multiples_selects_the_scalar_kernel(capsys):

@@ -445,3 +445,23 @@ def test_in_tree_family_code_imports_op_family_names_from_tileops_core_only():
                 if module == "tileops.backend" or (module or "").startswith("tileops.core."):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
     assert offenders == [], "\n".join(offenders)
+
+
+def test_a_backends_preference_over_a_kernel_of_a_table_that_is_not_installed_is_not_an_error(scoped_registry):
+    # The spec's backend prefers itself over the in-tree CUDA key; where the CUDA kernels'
+    # distribution is absent that key is unknown, and the op must still construct and serve.
+    register_kernel_type("LayerNormFwdOp", "torch_short_rows", _NarrowTorchLayerNorm)
+    without_cuda_kernels = type(
+        "LayerNormFwdOp", (LayerNormFwdOp,), {"_custom_op": None, "kernel_tables": ("tileops.kernels.ghost.norm:KERNELS",)}
+    )
+    op = without_cuda_kernels(128)
+    assert "layer_norm" not in op.in_tree_keys() and "tileops.kernels.ghost.norm" in op.in_tree_keys()
+    x, w, b = _inputs(128)
+    torch.testing.assert_close(op(x, w, b), F.layer_norm(x, (128,), w, b))
+    assert _served_by(op) == {"torch_short_rows"}
+
+
+def test_a_preference_over_an_unknown_key_is_refused_where_every_table_is_installed(scoped_registry):
+    register_kernel_type("LayerNormFwdOp", "typo", type("_Typo", (_TorchLayerNorm,), {"preferred_over": frozenset({"layer_nrom"})}))
+    with pytest.raises(BackendError, match="'typo' is preferred_over 'layer_nrom', which is not an implementation"):
+        LayerNormFwdOp(128)

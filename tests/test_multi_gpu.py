@@ -16,7 +16,7 @@ from tileops.core.device_facts import facts_for
 from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 
 two_gpus = pytest.mark.skipif(
-    torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (run on an nvidia-h200-x2 machine)"
+    torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"
 )
 
 

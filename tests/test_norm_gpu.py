@@ -1,6 +1,6 @@
 """GPU tier: the norm family's TileLang kernels on CUDA, against the fp32 torch reference.
 
-Run on the H200 through the device tool (``pytest -m gpu``); elsewhere these tests skip.
+They need a CUDA GPU (``pytest -m gpu``, or ``tools/gpu-tier.sh``); elsewhere they skip.
 """
 
 from __future__ import annotations

@@ -16,12 +16,13 @@ from tileops.testing import check_workload, workload_cases, workload_for_shape
 CPU_ELEMENTS = 1 << 23
 
 CASES = list(workload_cases(FAMILIES["norm"]))
+# The larger workloads are not test cases here at all (the GPU tier runs every workload), rather
+# than a skip line each in every CPU run.
+CPU_CASES = [case for case in CASES if case.elements <= CPU_ELEMENTS]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", CPU_CASES, ids=[c.id for c in CPU_CASES])
 def test_every_workload_matches_the_reference_on_cpu(case):
-    if case.elements > CPU_ELEMENTS:
-        pytest.skip(f"{case.elements} elements: too large for the CPU tier (the GPU tier runs it)")
     op = case.op_class(**case.workload.params)
     check_workload(op, case.workload, case.dtype, "cpu")
 

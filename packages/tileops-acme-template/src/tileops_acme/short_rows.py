@@ -1,7 +1,11 @@
 """The first way of joining: an added implementation of ``RMSNormFwdInterface``.
 
-It serves short rows only (n <= 256), on CPU and CUDA, and wins over the in-tree ``rms_norm``
-kernel there (``preferred_over``); every other call still goes to the in-tree implementations.
+It serves short rows only (n <= 256), on the CPU only: a reference backend demonstrates where
+installing it changes no in-tree GPU result, so the in-tree CUDA kernels keep every CUDA call.
+On the CPU it wins over the in-tree ``torch_cpu`` without declaring anything, since that one is
+``general`` (a catch-all ranks last). An implementation for your device that beats a specific
+in-tree kernel there declares it: ``preferred_over = frozenset({"rms_norm"})``. Every call it
+refuses still goes to the in-tree implementations.
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ MAX_ROW = 256
 class AcmeShortRowRMSNorm(Kernel, RMSNormFwdInterface):
     """RMSNorm over rows of at most 256 elements, in plain torch."""
 
-    devices = frozenset({"cpu", "cuda"})
-    preferred_over = frozenset({"rms_norm"})
+    devices = frozenset({"cpu"})
 
     def __init__(self, n: int, eps: float) -> None:
         super().__init__()

@@ -9,6 +9,8 @@ Public here, and stable across releases:
 - ``DeviceFacts``, ``facts_for``: what is known about a device (a kernel's launch policy reads
   its SM count, shared memory and architecture);
 - ``gpu_time_us``: the GPU time of a call by CUDA-graph replay (kernels that tune themselves);
+- ``shown``: a value quoted for an error message, cut to a bounded length (a message about a
+  file quotes what it found there, which can be any size);
 - the errors: ``TileOpsError`` and its subclasses.
 
 Backend authors use ``tileops.backend``, which exports the names a backend needs (some of
@@ -28,6 +30,7 @@ from .errors import (
     UnknownTargetError,
 )
 from .kernel import CallSpec, Kernel, KernelInterface
+from .manifest.quoting import shown
 from .op import Op
 from .registry import BUILTIN
 from .timing import gpu_time_us
@@ -49,4 +52,5 @@ __all__ = [
     "UnknownTargetError",
     "facts_for",
     "gpu_time_us",
+    "shown",
 ]

@@ -2,7 +2,8 @@
 
 For one op entry and one set of params, Python source is written once that accepts only the
 common case (every tensor present as declared, a torch.Tensor, contiguous, on the call's
-device, with the declared dtype and shape, output buffers that fit), runs the op's forward (or
+device, with the declared dtype and shape, output buffers that fit and share no memory with
+another tensor of the call, no torch.func transform active), runs the op's forward (or
 hands the checked call to the op's ``run_bound``) and checks the result inline. Anything else,
 including a call whose written tensors are all empty, is declined: the path raises
 ``CallDeclined`` and ``Op`` hands the call's own arguments to ``Signature.bind``, the reference,
@@ -21,8 +22,8 @@ from typing import Any
 import torch
 
 from .manifest import BoundCall, Signature
-from .manifest.expressions import evaluate
 from .manifest.loader import OpEntry, TensorDecl
+from .manifest.signature import overlapping
 from .manifest.shapes import PatternEntry
 
 
@@ -124,7 +125,7 @@ class CallDeclined(Exception):
     (a return-value sentinel would cost a comparison on every one)."""
 
 
-def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: Callable[..., Any]):
+def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     """The factory of the call path of an op with ``params``:
     ``make_call_path(forward=, run_bound=, runs_forward=, check_results=)``.
 
@@ -134,14 +135,19 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: C
     only its own, tested implementations: the check would cost a tenth of a decode call and
     never fire); otherwise it returns ``run_bound(call)`` of the checked ``BoundCall``. It
     raises ``CallDeclined`` for any call it does not take.
-    ``check_result(result, call, producer)`` builds the error for a result that does not fit.
+    ``signature.check_result(result, call, producer)`` builds the error for a result that does
+    not fit.
     """
+    entry = signature.entry
     outs = [t.out for t in entry.outputs if t.out]
     names = [decl.name for decl in entry.inputs] + outs
     if any(name.startswith("_") for name in names):
         raise _Unsupported  # would shadow the generated locals
     w = _Writer(entry, params)
     first = entry.inputs[0].name
+    # Tensors under torch.vmap (and other torch.func transforms) pass every check below but
+    # have no storage: one check per call, cheaper than one per tensor.
+    w.emit("if _transforms_active(): break", 1)
     for decl in entry.inputs:
         t = decl.name
         indent = 1
@@ -207,6 +213,12 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: C
                 2,
             )
             w.emit(f"_outs = {{**_outs, {o!r}: {o}}}", 2)
+    inputs = "".join(f"{decl.name}, " for decl in entry.inputs)
+    # The shared-memory rule costs nothing on a call that passes no buffer and writes no input.
+    if any(decl.written for decl in entry.inputs):
+        w.emit(f"if _overlap(({inputs}), _outs): break", 1)
+    elif outs:
+        w.emit(f"if _outs is not _NO_OUTS and _overlap(({inputs}), _outs): break", 1)
     # A call whose written tensors are all empty runs nothing: the reference bind handles it.
     written = [f"0 in {shape}" for decl, shape in zip(entry.outputs, shapes) if not decl.aliases]
     written += [f"{decl.name}.numel() == 0" for decl in entry.inputs if decl.written and not decl.optional]
@@ -216,7 +228,7 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: C
     call_constraints = [c for c in entry.constraints if not c.at_construction]
     if call_constraints:
         w.emit(f"if not _constraints_hold({{**_params, **{dims}}}): break", 1)
-    inputs = "".join(f"{decl.name}, " for decl in entry.inputs)
+    checks_end = len(w.lines)
     bound = (
         f"_BoundCall(({inputs}), _outs, _dev, {dims}, ({''.join(s + ', ' for s in shapes)}), "
         f"({''.join(d + ', ' for d in dtypes)}))"
@@ -225,21 +237,25 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: C
     w.emit(f"return _run_bound({bound})", 2)
     w.emit(f"_r = _forward({inputs}) if _outs is _NO_OUTS else _forward({inputs}**_outs)", 1)
     w.emit("if _trusted: return _r", 1)
+    def fits(r: str, decl: TensorDecl, shape: str, dtype: str) -> str:
+        test = f"isinstance({r}, _Tensor) and {r}.shape == {shape} and {r}.dtype is {dtype} and {r}.device == _dev"
+        if decl.aliases:
+            return f"{test} and {r} is {decl.aliases}"
+        return f"{test} and ({decl.out} is None or {r} is {decl.out})" if decl.out else test
+
     if len(entry.outputs) == 1:
-        w.emit(f"if isinstance(_r, _Tensor) and _r.shape == {shapes[0]} and _r.dtype is {dtypes[0]}: return _r", 1)
+        w.emit(f"if {fits('_r', entry.outputs[0], shapes[0], dtypes[0])}: return _r", 1)
     else:
         items = [f"_r{i}" for i in range(len(entry.outputs))]
         w.emit(f"if type(_r) is tuple and len(_r) == {len(items)}:", 1)
         w.emit(f"{', '.join(items)}, = _r", 2)
-        fits = " and ".join(
-            f"isinstance({r}, _Tensor) and {r}.shape == {shape} and {r}.dtype is {dtype}"
-            for r, shape, dtype in zip(items, shapes, dtypes)
-        )
-        w.emit(f"if {fits}: return _r", 2)
+        w.emit(f"if {' and '.join(fits(*parts) for parts in zip(items, entry.outputs, shapes, dtypes))}: return _r", 2)
     w.emit(f"return _check_result(_r, {bound}, 'forward')", 1)
 
     header = ", ".join(f"{decl.name}={'None' if decl.optional else '_ABSENT'}" for decl in entry.inputs)
     header += ", *_more" + "".join(f", {o}=None" for o in outs) + ", **_extra"
+    # A tensor of another kind (a sparse CSR one, a nested one) raises from a check: the
+    # reference bind names its kind. The try costs nothing on calls that raise nothing.
     source = "\n".join(
         [
             "def make_call_path(*, forward, run_bound, runs_forward, check_results):",
@@ -247,14 +263,18 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: C
             "    _trusted = not check_results",
             f"    def call_path({header}):",
             "        while not (_more or _extra):",
-            *w.lines,
+            "            try:",
+            *["    " + line for line in w.lines[:checks_end]],
+            "            except RuntimeError:",
+            "                break",
+            *w.lines[checks_end:],
             "        raise _CallDeclined",
             "    return call_path",
         ]
     )
 
     def constraints_hold(namespace: dict) -> bool:
-        return all(evaluate(c.code, namespace) for c in call_constraints)
+        return all(c.holds(namespace) for c in call_constraints)
 
     namespace = {
         "_ABSENT": _ABSENT,
@@ -262,7 +282,9 @@ def compile_call_path(entry: OpEntry, params: Mapping[str, Any], check_result: C
         "_Tensor": torch.Tensor,
         "torch": torch,
         "_BoundCall": BoundCall,
-        "_check_result": check_result,
+        "_check_result": signature.check_result,
+        "_overlap": lambda inputs, outs: overlapping(*signature.written_and_read(inputs, outs)) is not None,
+        "_transforms_active": torch._C._are_functorch_transforms_active,
         "_params": dict(params),
         "_NO_OUTS": MappingProxyType({}),
         "_NO_DIMS": MappingProxyType({}),
@@ -296,7 +318,7 @@ def call_path_factory(signature: Signature, params: Mapping[str, Any]) -> Callab
     except TypeError:  # params that cannot key a cache: the reference bind serves
         return None
     try:
-        factory = compile_call_path(signature.entry, params, signature.check_result)
+        factory = compile_call_path(signature, params)
     except _Unsupported:
         factory = None
     _factories[key] = factory

@@ -99,7 +99,14 @@ def facts_for(device: torch.device) -> DeviceFacts | None:
         return None
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    facts = read(device)
+    try:
+        facts = read(device)
+    except Exception as error:
+        raise BackendError(
+            f"the device-facts reader for {device.type!r} ({read.__module__}.{read.__qualname__}) raised "
+            f"{type(error).__name__}: {error} while reading {device}. This is a fault of the backend that "
+            "registered it; report it to its authors, or uninstall it"
+        ) from error
     if not isinstance(facts, DeviceFacts):
         raise BackendError(
             f"the device-facts reader for {device.type!r} ({read.__module__}.{read.__qualname__}) "

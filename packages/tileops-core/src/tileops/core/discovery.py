@@ -1,18 +1,27 @@
 """Finding and importing installed backends (the ``tileops.backends`` entry-point group).
 
 Backends are imported once per process, when the first op is constructed (or when a public
-query needs them). A backend whose import fails has every registration it made undone, a
-``RuntimeWarning`` is emitted, and the failure is kept for ``load_failures()``.
+query needs them). A backend whose import fails (any exception, ``SystemExit`` included) has
+every registration its import made undone, a ``RuntimeWarning`` is emitted, and the failure is
+kept for ``load_failures()``.
+
+One thread imports the backends; a thread that needs them meanwhile waits for it, except a
+thread started by the import under way: the import may be waiting for that thread, so after
+``STARTED_DURING_IMPORT_WAIT_S`` it gets a ``BackendError`` naming the backend instead of a hang.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
+import sys
 import threading
+import time
 import traceback
 import warnings
 
+from .errors import BackendError
 from .registry import journal
 
 ENTRY_POINT_GROUP = "tileops.backends"
@@ -40,8 +49,15 @@ class LoadedBackend:
     distribution: str | None
 
 
+#: How long a thread started while a backend is imported waits for that import before it is
+#: refused: long enough for an application thread that merely happened to start then, short
+#: enough that a backend joining the thread it started does not look like a hang.
+STARTED_DURING_IMPORT_WAIT_S = 2.0
+
 _lock = threading.RLock()
-_state = {"done": False, "loading": False}
+# "importing": the backend being imported, the thread importing it, and the threads that
+# were alive when its import began (any other thread was started during the import).
+_state: dict = {"done": False, "loading": False, "importing": None}
 _failures: list[LoadFailure] = []
 _loaded: list[LoadedBackend] = []
 
@@ -60,7 +76,8 @@ def load_backends() -> None:
     """
     if _state["done"]:
         return
-    with _lock:
+    _acquire()
+    try:
         if _state["done"] or _state["loading"]:
             return
         _state["loading"] = True
@@ -74,31 +91,72 @@ def load_backends() -> None:
             _state["done"] = True
         finally:
             _state["loading"] = False
+    finally:
+        _lock.release()
+
+
+def _acquire() -> None:
+    """Take the discovery lock, waiting for another thread's discovery; refuse a thread that the
+    import under way started (and may be waiting for) once it has waited long enough."""
+    started_waiting = time.monotonic()
+    while not _lock.acquire(timeout=0.05):
+        importing = _state["importing"]
+        if importing is None:
+            continue
+        backend, importer, alive_before = importing
+        if threading.current_thread() in alive_before:
+            continue
+        if time.monotonic() - started_waiting < STARTED_DURING_IMPORT_WAIT_S:
+            continue
+        dist = f" (distribution {backend.distribution})" if backend.distribution else ""
+        raise BackendError(
+            f"TileOPs backends are still being imported: thread {threading.current_thread().name!r} "
+            f"needs them (it constructs an op or asks for targets), but it was started while backend "
+            f"{backend.name!r} = {backend.value!r}{dist} was being imported by thread {importer.name!r}, "
+            f"which may be waiting for it. A backend's import must not wait for a thread that uses "
+            f"TileOPs ops; construct ops after the import, or do not wait for that thread"
+        )
 
 
 def _load_one(entry_point: importlib.metadata.EntryPoint) -> None:
-    distribution = _distribution_name(entry_point)
-    journal.open()
+    backend = LoadedBackend(entry_point.name, entry_point.value, _distribution_name(entry_point))
+    journal.open(owner=backend)
+    _state["importing"] = (backend, threading.current_thread(), frozenset(threading.enumerate()))
     try:
         entry_point.load()
-    except Exception as error:  # noqa: BLE001 - a broken backend must not break TileOPs for everyone else
+    # A broken backend must not break TileOPs for everyone else, nor end the program: a
+    # sys.exit() in its import is a load failure like any other.
+    except (Exception, SystemExit) as error:  # noqa: BLE001
         journal.close(undo=True)
-        failure = LoadFailure(
-            entry_point.name, entry_point.value, distribution, error, traceback.format_exc()
-        )
+        failure = LoadFailure(backend.name, backend.value, backend.distribution, error, traceback.format_exc())
         _failures.append(failure)
         warnings.warn(
             f"TileOPs: {failure}; its registrations were undone. "
             "See tileops.backend.load_failures() or `tileops backends` for the traceback.",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=_first_frame_outside_tileops(),
         )
     except BaseException:
         journal.close(undo=True)
         raise
     else:
         journal.close(undo=False)
-        _loaded.append(LoadedBackend(entry_point.name, entry_point.value, distribution))
+        _loaded.append(backend)
+    finally:
+        _state["importing"] = None
+
+
+def _first_frame_outside_tileops() -> int:
+    """The ``stacklevel`` that makes a warning issued by this function's caller name the first
+    caller outside TileOPs (the user's line that built the op), however deep the call into
+    TileOPs was. Python 3.11 has no ``skip_file_prefixes``."""
+    import tileops
+
+    prefixes = tuple(os.path.join(folder, "") for folder in tileops.__path__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def failed_backends_note() -> str:

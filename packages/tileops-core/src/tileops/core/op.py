@@ -22,14 +22,15 @@ from . import registry
 from .call_path import CallDeclined, call_path_factory
 from .device_facts import DeviceFacts
 from .discovery import load_backends
-from .errors import BackendError
+from .errors import BackendError, OpArgumentError, OpNotAvailableError
+from .introspection import CallSignature, ManifestDoc
 from .kernel import CallSpec, Kernel, KernelInterface
 from .manifest import BoundCall, OpEntry, Signature, load_manifest
 from .registry import BUILTIN, describe_callable
-from .selection import InterfaceImplementations, Verdict, check_implementations
+from .selection import InterfaceImplementations, Verdict, check_implementations, registered_kernel_type_problems
 from .targets import TensorSpec, bind_target, check_target_name
 from .tensor_description import TensorDescription
-from .tracing import define_custom_op, is_compiling, traced_call
+from .tracing import define_custom_op, instance_key, is_compiling, traced_call
 
 class _MissingKernel(Kernel):
     """Stands in for an in-tree implementation whose module cannot be imported."""
@@ -99,6 +100,13 @@ class Op:
     #: in-tree implementations from: a distribution the op's own may not depend on (the CUDA
     #: kernels) names its keys once, there.
     kernel_tables: ClassVar[tuple[str, ...]] = ()
+    #: ``inspect.signature(op)``: the call's inputs, output buffers and execution arguments,
+    #: from the manifest (``introspection``); ``help(OpClass)`` shows the manifest's account.
+    __signature__ = CallSignature(lambda cls: cls.manifest_entry())
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__doc__ = ManifestDoc(cls.__dict__.get("__doc__"), lambda owner: owner.manifest_entry())
 
     # -- class level: built once per op class ----------------------------------------------
     @classmethod
@@ -145,19 +153,39 @@ class Op:
         """Every in-tree key of the op -> its class (importing the kernel tables, not tilelang)."""
         return {key: impl for impls in cls.in_tree_classes().values() for key, impl in impls.items()}
 
+    @classmethod
+    def registered_kernel_type_problems(cls) -> dict[str, str]:
+        """Key -> the contract error of each kernel type registered for this op that would make
+        its construction raise (empty when none would); ``tileops check`` and ``tileops
+        backends`` report them, naming the registering module and backend."""
+        load_backends()
+        registrations = registry.kernel_types(cls.__name__)
+        return registered_kernel_type_problems(
+            cls.__name__,
+            cls.kernel_interfaces,
+            cls.in_tree_keys(),
+            {key: reg.value for key, reg in registrations.items()},
+            {key: reg.registrant() for key, reg in registrations.items()},
+        )
+
     # -- instance ------------------------------------------------------------------------------
     def __init__(self, *, target: str | None = None, **params: Any) -> None:
         cls = type(self)
         name = cls.__name__
+        if is_compiling():
+            raise OpArgumentError(
+                f"{name}: an op cannot be constructed inside a function torch.compile traces (its call path "
+                "is generated code); construct it outside, e.g. in the module's __init__, and call it inside"
+            )
         self._signature = cls.signature()
         self.params: dict[str, Any] = self._signature.bind_params(params)
         define_custom_op(cls)
         load_backends()
         self._requested_target = None if target is None else check_target_name(target, f"{name}(target=...)")
-        in_tree = cls.in_tree_keys()
-        registered = {key: reg.value for key, reg in registry.kernel_types(name).items()}
+        registrations = registry.kernel_types(name)
+        registered = {key: reg.value for key, reg in registrations.items()}
         self._implementations: dict[type[KernelInterface], InterfaceImplementations] = check_implementations(
-            name, cls.kernel_interfaces, in_tree, registered
+            name, cls.kernel_interfaces, cls.in_tree_keys(), registered, {k: r.registrant() for k, r in registrations.items()}
         )
         self._kernel_caches: dict[type[KernelInterface], dict[CallSpec, Kernel]] = {
             interface: {} for interface in cls.kernel_interfaces
@@ -174,6 +202,7 @@ class Op:
         # implementation of a kernel interface is third-party code: its results are checked.
         self._check_results = bool(registered)
         self._make_call_path(runs_forward=False)
+        self._trace_key = instance_key(self)  # compiled calls run this instance, as eager ones do
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -244,24 +273,27 @@ class Op:
         return self._signature.check_result(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
 
     def _bind_and_run(self, call: BoundCall) -> Any:
+        # The choice is published (``self._target``) only once the binding call succeeded. Until
+        # then every other thread reads None and waits on the miss lock for the outcome, so no
+        # thread runs, builds or caches a kernel of a binding that is then undone: the binding,
+        # its undo and the kernel caches change together, under this lock.
         with self._miss_lock:
             if self._target is not None:  # another thread bound it meanwhile
                 return self._run(self._target, call)
             target, reason = bind_target(
                 type(self).__name__, self._requested_target, call.device, has_own_kernels=self.has_own_kernels
             )
-            self._target, self.target_reason = target, reason
             try:
                 result = self._run(target, call)
             except BaseException:
-                # The binding call failed: forget the choice and everything built under it.
-                self._target = None
+                # The binding call failed: forget everything built under the choice.
                 self.target_reason = "not bound yet: the call that would have bound it failed"
                 self._target_kernels.clear()
                 self._built.clear()
                 for cache in self._kernel_caches.values():
                     cache.clear()
                 raise
+            self._target, self.target_reason = target, reason
             if target == BUILTIN:
                 self._make_call_path(runs_forward=True)
             return result
@@ -277,13 +309,30 @@ class Op:
     def _call_builder(self, target: str, call: BoundCall) -> Callable[..., Any]:
         name = type(self).__name__
         registration = registry.builder(name, target)
+        if registration is None:  # bound while it was registered, then its registration was undone
+            raise OpNotAvailableError(
+                f"{name}: target {target!r} is bound, but its kernel builder for {name} is no longer "
+                "registered (the registration was undone); construct a new op instance"
+            )
         build = registration.value
+        builder = f"the kernel builder of target {target!r} ({describe_callable(build)}, registered by {registration.registrant()})"
         specs = [None if t is None else TensorSpec.of(t) for t in call.inputs]
+        try:
+            inspect.signature(build).bind(*specs, **self.params)
+        except TypeError as error:
+            inputs = ", ".join(self._signature.input_names)
+            params = ", ".join(self.params)
+            raise BackendError(
+                f"{name}: {builder} cannot be called as build_kernel({inputs}, *, {params}): {error}. "
+                "build_kernel takes one TensorSpec (or None) per input, positionally, and the op's params "
+                "as keywords"
+            ) from None
+        except ValueError:
+            pass  # no signature to read (a builtin): the call itself says what is wrong
         kernel = build(*specs, **self.params)
         if not callable(kernel):
             raise BackendError(
-                f"{name}: the kernel builder of target {target!r} ({describe_callable(build)}, registered by "
-                f"{registration.module}) returned {type(kernel).__name__}, which is not callable; "
+                f"{name}: {builder} returned {type(kernel).__name__}, which is not callable; "
                 "build_kernel must return the kernel to call"
             )
         return kernel
@@ -337,7 +386,18 @@ class Op:
         implementations = self._implementations[interface]
         key = implementations.select(call)
         cls = implementations.classes[key]
-        identity, factory = cls.entry_for(call)
+        where = f"{type(self).__name__}: implementation {key!r} ({cls.__module__}.{cls.__qualname__})"
+        entry = cls.entry_for(call)
+        if not (isinstance(entry, tuple) and len(entry) == 2 and callable(entry[1])):
+            raise BackendError(f"{where}: entry_for returned {type(entry).__name__}, not (identity, factory)")
+        identity, factory = entry
+        try:
+            hash(identity)
+        except TypeError as error:
+            raise BackendError(
+                f"{where}: entry_for returned an identity that cannot key the cache of built kernels "
+                f"({error}); return a hashable identity (a tuple, a str, a number)"
+            ) from None
         kernel = self._built.get((key, identity))
         if kernel is None:
             kernel = factory()

@@ -23,24 +23,40 @@ _lock = threading.RLock()
 
 
 class _Journal:
-    """Undo steps of registrations, per open scope (a backend being imported, a test).
+    """Undo steps of registrations, per thread and per open scope (a backend being imported,
+    a test).
 
-    Scopes nest: a registration is recorded in the innermost open scope only, so a backend
-    imported while an outer scope is open stays registered when the outer scope is undone.
+    Scopes belong to the thread that opened them: a registration is recorded in the innermost
+    scope open on the registering thread only, so a backend whose import fails undoes what its
+    import registered and never what another thread (the application, another test) registered
+    meanwhile. Scopes nest: a backend imported while an outer scope is open stays registered
+    when the outer scope is undone. A scope may name the backend it imports (``owner``), which
+    each registration made in it records.
     """
 
     def __init__(self) -> None:
-        self._scopes: list[list[Callable[[], None]]] = []
+        self._local = threading.local()
 
-    def open(self) -> None:
-        self._scopes.append([])
+    def _scopes(self) -> list[tuple[Any, list[Callable[[], None]]]]:
+        scopes = getattr(self._local, "scopes", None)
+        if scopes is None:
+            scopes = self._local.scopes = []
+        return scopes
+
+    def open(self, owner: Any = None) -> None:
+        self._scopes().append((owner, []))
 
     def record(self, undo: Callable[[], None]) -> None:
-        if self._scopes:
-            self._scopes[-1].append(undo)
+        scopes = self._scopes()
+        if scopes:
+            scopes[-1][1].append(undo)
+
+    def owner(self) -> Any:
+        """The owner of the innermost scope on this thread that names one, or None."""
+        return next((owner for owner, _ in reversed(self._scopes()) if owner is not None), None)
 
     def close(self, *, undo: bool) -> None:
-        steps = self._scopes.pop()
+        _, steps = self._scopes().pop()
         if undo:
             for step in reversed(steps):
                 step()
@@ -57,10 +73,19 @@ def registrant() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
-    """One registered object and the module that registered it."""
+    """One registered object, the module that registered it and, when a backend's import made
+    it, that backend (``discovery.LoadedBackend``: entry point and distribution)."""
 
     value: Any
     module: str
+    backend: Any = None
+
+    def registrant(self) -> str:
+        """Who registered it, for messages: the module, and the backend and distribution."""
+        if self.backend is None:
+            return self.module
+        distribution = f" of distribution {self.backend.distribution}" if self.backend.distribution else ""
+        return f"{self.module} (backend {self.backend.name!r}{distribution})"
 
 
 # op class name -> key -> kernel type
@@ -69,6 +94,8 @@ _kernel_types: dict[str, dict[str, Registration]] = {}
 _detectors: dict[str, Registration] = {}
 # (op class name, target) -> build_kernel
 _builders: dict[tuple[str, str], Registration] = {}
+
+
 def _check_name(what: str, value: Any, caller: str) -> None:
     if not isinstance(value, str) or not value.isidentifier():
         raise BackendError(f"{caller}: {what} must be a Python identifier string, got {value!r}")
@@ -92,10 +119,10 @@ def register_kernel_type(op: str, key: str, kernel_type: type) -> None:
         if existing is not None:
             raise BackendError(
                 f"{caller}: {op} already has a registered kernel type under key {key!r} "
-                f"({existing.value.__qualname__}, registered by {existing.module}); choose another key"
+                f"({existing.value.__qualname__}, registered by {existing.registrant()}); choose another key"
             )
-        _kernel_types.setdefault(op, {})[key] = Registration(kernel_type, module)
-    journal.record(lambda: _remove(_kernel_types.get(op, {}), key))
+        registration = _kernel_types.setdefault(op, {})[key] = Registration(kernel_type, module, journal.owner())
+    journal.record(lambda: _remove(_kernel_types.get(op, {}), key, registration))
 
 
 def register_detector(target: str, detect: Callable[[Any], bool]) -> None:
@@ -109,12 +136,12 @@ def register_detector(target: str, detect: Callable[[Any], bool]) -> None:
         existing = _detectors.get(target)
         if existing is not None:
             raise BackendError(
-                f"{caller}: target {target!r} already has a detector, registered by {existing.module} "
+                f"{caller}: target {target!r} already has a detector, registered by {existing.registrant()} "
                 f"({describe_callable(existing.value)}); the second one comes from {module} "
                 f"({describe_callable(detect)}). One backend owns a target: rename one of them"
             )
-        _detectors[target] = Registration(detect, module)
-    journal.record(lambda: _remove(_detectors, target))
+        registration = _detectors[target] = Registration(detect, module, journal.owner())
+    journal.record(lambda: _remove(_detectors, target, registration))
 
 
 def register_kernel_builder(op: str, target: str, build_kernel: Callable[..., Any]) -> None:
@@ -130,11 +157,11 @@ def register_kernel_builder(op: str, target: str, build_kernel: Callable[..., An
         if existing is not None:
             raise BackendError(
                 f"{caller}: a builder for {op} on target {target!r} is already registered by "
-                f"{existing.module} ({describe_callable(existing.value)}); the second one comes from "
+                f"{existing.registrant()} ({describe_callable(existing.value)}); the second one comes from "
                 f"{module} ({describe_callable(build_kernel)})"
             )
-        _builders[(op, target)] = Registration(build_kernel, module)
-    journal.record(lambda: _remove(_builders, (op, target)))
+        registration = _builders[(op, target)] = Registration(build_kernel, module, journal.owner())
+    journal.record(lambda: _remove(_builders, (op, target), registration))
 
 
 def _check_target_name(target: Any, caller: str) -> None:
@@ -143,9 +170,11 @@ def _check_target_name(target: Any, caller: str) -> None:
         raise BackendError(f"{caller}: {BUILTIN!r} names the in-tree implementations; choose another target name")
 
 
-def _remove(table: dict, key: Any) -> None:
+def _remove(table: dict, key: Any, registration: Registration) -> None:
+    """Undo one registration: only that one, never a later registration under the same key."""
     with _lock:
-        table.pop(key, None)
+        if table.get(key) is registration:
+            del table[key]
 
 
 def describe_callable(fn: Any) -> str:
@@ -169,7 +198,8 @@ def detectors() -> dict[str, Registration]:
 
 
 def builder(op: str, target: str) -> Registration | None:
-    return _builders.get((op, target))
+    with _lock:
+        return _builders.get((op, target))
 
 
 def targets_with_builder(op: str) -> list[str]:

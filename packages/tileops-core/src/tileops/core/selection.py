@@ -80,7 +80,15 @@ class InterfaceImplementations:
             if reason is not None:
                 verdicts[key] = Verdict(key, "unavailable", reason)
                 continue
-            reason = self.classes[key].refusal(call)
+            cls = self.classes[key]
+            try:
+                reason = cls.refusal(call)
+            except Exception as error:
+                raise BackendError(
+                    f"{self.op_name} / {self.interface.__name__}: refusal() of implementation {key!r} "
+                    f"({cls.__module__}.{cls.__qualname__}) raised {type(error).__name__}: {error} for {call}. "
+                    "This is a fault of that implementation; report it to its authors, or uninstall it"
+                ) from error
             if reason is not None:
                 verdicts[key] = Verdict(key, "refused", str(reason))
                 continue
@@ -139,6 +147,7 @@ def check_implementations(
     interfaces: tuple[type[KernelInterface], ...],
     in_tree: Mapping[str, type[Kernel]],
     registered: Mapping[str, type[Kernel]],
+    registrants: Mapping[str, str] | None = None,
 ) -> dict[type[KernelInterface], InterfaceImplementations]:
     """Check every implementation's contract and group them by interface.
 
@@ -146,47 +155,114 @@ def check_implementations(
     in-tree key, a class that inherits none of the op's interfaces, ``entry_for`` not a class
     method, a ``forward`` that does not take the interface's arguments, two ``general``
     implementations of one interface on one device type, an unknown key in ``preferred_over``, and a cycle.
+    ``registrants`` (key -> who registered it) puts the registering module and backend into
+    the message of a registered class, so that a user knows which distribution to blame.
     """
+    implementations, problems = _admit(op_name, interfaces, in_tree, registered, registrants or {})
+    if problems:
+        raise BackendError(next(iter(problems.values())))
+    return implementations
+
+
+def registered_kernel_type_problems(
+    op_name: str,
+    interfaces: tuple[type[KernelInterface], ...],
+    in_tree: Mapping[str, type[Kernel]],
+    registered: Mapping[str, type[Kernel]],
+    registrants: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """What ``check_implementations`` would raise about each registered key, by key (empty
+    when the op can be constructed): ``tileops check`` and ``tileops backends`` report them."""
+    return _admit(op_name, interfaces, in_tree, registered, registrants or {})[1]
+
+
+def _admit(
+    op_name: str,
+    interfaces: tuple[type[KernelInterface], ...],
+    in_tree: Mapping[str, type[Kernel]],
+    registered: Mapping[str, type[Kernel]],
+    registrants: Mapping[str, str],
+) -> tuple[dict[type[KernelInterface], InterfaceImplementations], dict[str, str]]:
+    """The checked implementations, and a problem per registered key that breaks the contract.
+
+    A problem of an in-tree class is TileOPs' own bug and raises at once.
+    """
+    problems: dict[str, str] = {}
     reused = sorted(set(in_tree) & set(registered))
-    if reused:
-        raise BackendError(
+    for key in reused:
+        by = f", by {registrants[key]}" if key in registrants else ""
+        problems[key] = (
             f"{op_name}: registered kernel types reuse keys it has: {', '.join(map(repr, reused))} "
-            f"(registered {', '.join(registered[k].__qualname__ for k in reused)}); register it under a new key"
+            f"(registered {', '.join(registered[k].__qualname__ for k in reused)}{by}); register it under a new key"
         )
     grouped: dict[type[KernelInterface], dict[str, type[Kernel]]] = {i: {} for i in interfaces}
-    for key, cls in {**in_tree, **registered}.items():
-        where = f"{op_name}: implementation {key!r} ({cls.__module__}.{cls.__qualname__})"
-        if not issubclass(cls, Kernel):
-            raise BackendError(f"{where} does not subclass tileops.backend.Kernel")
-        owned = [i for i in interfaces if issubclass(cls, i)]
-        if not owned:
-            raise BackendError(
-                f"{where} inherits none of the op's kernel interfaces "
-                f"({', '.join(i.__name__ for i in interfaces)}); subclass the one it implements"
-            )
-        if len(owned) > 1:
-            raise BackendError(f"{where} inherits several of the op's interfaces; an implementation serves one")
-        interface = owned[0]
-        if not isinstance(inspect.getattr_static(cls, "entry_for"), classmethod):
-            raise BackendError(f"{where}: entry_for must be a @classmethod taking the call spec")
-        if getattr(cls.entry_for, "__func__", None) is Kernel.entry_for.__func__ and not getattr(cls, "missing_because", None):
-            raise BackendError(f"{where} does not define entry_for(call), the class method that builds it")
-        if not isinstance(inspect.getattr_static(cls, "refusal"), classmethod):
-            raise BackendError(f"{where}: refusal must be a @classmethod taking the call spec")
-        expected = _forward_parameters(interface)
-        actual = _forward_parameters(cls)
-        if expected is not None and actual is not None and actual != expected:
-            raise BackendError(
-                f"{where}: forward takes ({', '.join(actual)}) but {interface.__name__}.forward takes "
-                f"({', '.join(expected)}); match the interface's arguments"
-            )
-        if inspect.isabstract(cls):
-            missing = ", ".join(sorted(cls.__abstractmethods__))
-            raise BackendError(f"{where} leaves abstract methods undefined: {missing}")
+    for key, cls in in_tree.items():
+        interface, problem = _contract(op_name, interfaces, key, cls, "")
+        if problem is not None:
+            raise BackendError(problem)
         grouped[interface][key] = cls
-    return {
-        interface: _rank(op_name, interface, classes) for interface, classes in grouped.items()
-    }
+    for key in sorted(set(registered) - set(reused)):
+        by = f", registered by {registrants[key]}" if key in registrants else ""
+        interface, problem = _contract(op_name, interfaces, key, registered[key], by)
+        if problem is not None:
+            problems[key] = problem
+        else:
+            grouped[interface][key] = registered[key]
+    implementations = {}
+    for interface, classes in grouped.items():
+        try:
+            implementations[interface] = _rank(op_name, interface, classes)
+        except _RankingError as error:
+            blamed = [key for key in error.keys if key in registered]
+            if not blamed:
+                raise
+            for key in blamed:
+                by = f" (registered by {registrants[key]})" if key in registrants else ""
+                problems.setdefault(key, f"{error}; {key!r} is a registered kernel type{by}")
+    return implementations, problems
+
+
+def _contract(
+    op_name: str, interfaces: tuple[type[KernelInterface], ...], key: str, cls: type, by: str
+) -> tuple[type[KernelInterface] | None, str | None]:
+    """The interface ``cls`` implements, or the contract problem that keeps it out."""
+    where = f"{op_name}: implementation {key!r} ({cls.__module__}.{cls.__qualname__}{by})"
+    if not issubclass(cls, Kernel):
+        return None, f"{where} does not subclass tileops.backend.Kernel"
+    owned = [i for i in interfaces if issubclass(cls, i)]
+    if not owned:
+        return None, (
+            f"{where} inherits none of the op's kernel interfaces "
+            f"({', '.join(i.__name__ for i in interfaces)}); subclass the one it implements"
+        )
+    if len(owned) > 1:
+        return None, f"{where} inherits several of the op's interfaces; an implementation serves one"
+    interface = owned[0]
+    if not isinstance(inspect.getattr_static(cls, "entry_for"), classmethod):
+        return None, f"{where}: entry_for must be a @classmethod taking the call spec"
+    if getattr(cls.entry_for, "__func__", None) is Kernel.entry_for.__func__ and not getattr(cls, "missing_because", None):
+        return None, f"{where} does not define entry_for(call), the class method that builds it"
+    if not isinstance(inspect.getattr_static(cls, "refusal"), classmethod):
+        return None, f"{where}: refusal must be a @classmethod taking the call spec"
+    expected = _forward_parameters(interface)
+    actual = _forward_parameters(cls)
+    if expected is not None and actual is not None and actual != expected:
+        return None, (
+            f"{where}: forward takes ({', '.join(actual)}) but {interface.__name__}.forward takes "
+            f"({', '.join(expected)}); match the interface's arguments"
+        )
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        return None, f"{where} leaves abstract methods undefined: {missing}"
+    return interface, None
+
+
+class _RankingError(BackendError):
+    """A ranking problem, with the keys it involves (to blame a registered one)."""
+
+    def __init__(self, message: str, keys: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.keys = keys
 
 
 def _rank(
@@ -198,23 +274,30 @@ def _rank(
         for second in general[i + 1 :]:
             shared = classes[first].devices & classes[second].devices
             if shared:
-                raise BackendError(
+                raise _RankingError(
                     f"{where}: {first!r} and {second!r} both declare general = True on "
                     f"{_listing(shared)}; one catch-all per interface and device type: make one of "
-                    "them refuse what the other serves and drop its general flag"
+                    "them refuse what the other serves and drop its general flag",
+                    (first, second),
                 )
+    # A kernel table whose distribution is not installed stands as one unavailable key: the keys
+    # it holds are unknown here, so a backend's preference over one of them is not a mistake
+    # (it is checked wherever that distribution is installed).
+    table_missing = any(getattr(cls, "missing_because", None) for cls in classes.values())
     for key, cls in classes.items():
         unknown = sorted(set(cls.preferred_over) - set(classes))
-        if unknown:
-            raise BackendError(
+        if unknown and not table_missing:
+            raise _RankingError(
                 f"{where}: {key!r} is preferred_over {', '.join(map(repr, unknown))}, which "
                 f"{'is' if len(unknown) == 1 else 'are'} not an implementation of this interface "
-                f"(known: {', '.join(sorted(classes))})"
+                f"(known: {', '.join(sorted(classes))})",
+                (key,),
             )
     beats = {key: _reachable(key, classes) for key in classes}
     for key in sorted(classes):
         if key in beats[key]:
-            raise BackendError(f"{where}: preferred_over forms a cycle through {key!r}; remove one edge")
+            cycle = tuple(sorted(k for k in classes if key in beats[k] and k in beats[key])) or (key,)
+            raise _RankingError(f"{where}: preferred_over forms a cycle through {key!r}; remove one edge", cycle)
     return InterfaceImplementations(op_name, interface, dict(classes), beats)
 
 
@@ -225,5 +308,6 @@ def _reachable(start: str, classes: Mapping[str, type[Kernel]]) -> frozenset[str
         key = stack.pop()
         if key not in seen:
             seen.add(key)
-            stack.extend(classes[key].preferred_over)
+            if key in classes:  # else a key of a kernel table that is not installed
+                stack.extend(classes[key].preferred_over)
     return frozenset(seen)

@@ -81,14 +81,22 @@ def choose_target(op: str, chosen_at_construction: str | None, device: torch.dev
     claims = []
     for target, registration in sorted(registry.detectors().items()):
         detect = registration.value
+        detector = f"the detector of target {target!r} ({describe_callable(detect)}, registered by {registration.registrant()})"
         try:
             claimed = detect(device)
-        except Exception as error:
+        # A detector that calls sys.exit() is as faulty as one that raises, and must not end the program.
+        except (Exception, SystemExit) as error:
             raise BackendError(
-                f"{op}: the detector of target {target!r} ({describe_callable(detect)}, registered by "
-                f"{registration.module}) raised {type(error).__name__}: {error} while inspecting {device}. "
+                f"{op}: {detector} raised {type(error).__name__}: {error} while inspecting {device}. "
                 "This is a fault of that backend; report it to its authors, or uninstall it"
             ) from error
+        # Truthiness would count "no", a tensor or a non-empty list as a claim: only a bool answers.
+        if not isinstance(claimed, bool):
+            raise BackendError(
+                f"{op}: {detector} returned {_short_repr(claimed)} ({type(claimed).__name__}) for {device}; "
+                "a detector returns True or False. This is a fault of that backend; report it to its "
+                "authors, or uninstall it"
+            )
         if claimed:
             claims.append(target)
     if not claims:
@@ -100,6 +108,11 @@ def choose_target(op: str, chosen_at_construction: str | None, device: torch.dev
             + failed_backends_note()
         )
     return claims[0], f"the detector of target {claims[0]!r} claims {device}"
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def bind_target(op: str, chosen_at_construction: str | None, device: torch.device, *, has_own_kernels: bool) -> tuple[str, str]:

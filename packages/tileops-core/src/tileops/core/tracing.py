@@ -2,18 +2,27 @@
 
 Eager calls never come here (they keep their own fast path). When Dynamo traces a call, the op
 calls its class's custom op ``tileops::<OpName>``, whose schema is derived from the manifest
-signature (the inputs as tensors, then the params, then the requested target) and whose fake
-implementation builds the outputs from the signature, so the graph needs no break and shapes
-stay symbolic. When the compiled graph runs, the custom op calls an eager op instance with the
-same params and target, so target binding and kernel selection happen as in eager calls.
+signature (the inputs as tensors, the ``out=`` buffers as tensors it writes, the execution
+arguments, then the key of the op instance) and whose fake implementation builds the outputs
+from the signature, so the graph needs no break and shapes stay symbolic.
+
+When the compiled graph runs, the custom op calls the very op instance that was traced, with
+the call's own tensors and buffers: its bound target, its kernels and every check of an eager
+call (shapes, dtypes, devices, contiguity, buffers, shared memory) hold as in eager code, and a
+call that fails them raises the eager call's error. A call that fails them while it is traced
+is traced with placeholder outputs, so that the error is the one the compiled graph's eager
+call raises when it runs, not one of Dynamo's.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .errors import OpArgumentError
 
@@ -22,42 +31,53 @@ if TYPE_CHECKING:
 
 _PARAM_SCHEMA = {"int": "int", "float": "float", "bool": "bool", "str": "str", "shape": "int[]", "dtype": "ScalarType"}
 _lock = threading.Lock()
-_instances: dict[tuple, Op] = {}
+#: Key (an int in the traced graph) -> the op instance a compiled call runs.
+_traced_instances: weakref.WeakValueDictionary[int, Op] = weakref.WeakValueDictionary()
+_keys = itertools.count()
 
 
 #: True while Dynamo (torch.compile) traces the caller; called on every eager op call.
 is_compiling = torch.compiler.is_compiling
 
 
-def _schema(op_class: type[Op]) -> str:
+def instance_key(op: Op) -> int:
+    """The key by which a compiled graph names ``op``: its calls run ``op`` itself."""
+    key = next(_keys)
+    _traced_instances[key] = op
+    return key
+
+
+def _schema(op_class: type[Op], with_buffers: bool) -> str:
     entry = op_class.manifest_entry()
     arguments = []
-    for decl in entry.inputs:
-        arguments.append(f"Tensor{'?' if decl.optional else ''}{'(a!)' if decl.written else ''} {decl.name}")
-    for param in entry.params:
-        arguments.append(f"{_PARAM_SCHEMA[param.type]}{'?' if param.nullable else ''} {param.name}")
+    # Every input is optional in the schema: a missing one reaches the eager call's check.
+    for i, decl in enumerate(entry.inputs):
+        arguments.append(f"Tensor{f'(w{i}!)' if decl.written else ''}? {decl.name}")
+    if with_buffers:
+        arguments += [f"Tensor(o{i}!)? {t.out}" for i, t in enumerate(entry.outputs) if t.out]
     for argument in entry.exec_args:  # None: not passed (the implementation uses its default)
         arguments.append(f"{_PARAM_SCHEMA[argument.type]}? {argument.name}")
-    arguments.append("str? target")
+    arguments.append("int instance")
     outputs = ", ".join("Tensor" for _ in entry.outputs)
     returns = outputs if len(entry.outputs) == 1 else f"({outputs})"
     return f"({', '.join(arguments)}) -> {returns}"
 
 
-def _eager_instance(op_class: type[Op], params: tuple, target: str | None) -> Op:
-    key = (op_class, params, target)
-    instance = _instances.get(key)
-    if instance is None:
-        with _lock:
-            instance = _instances.get(key)
-            if instance is None:
-                instance = op_class(**dict(params), target=target)
-                _instances[key] = instance
-    return instance
+def _instance(key: int, op_name: str) -> Op:
+    op = _traced_instances.get(key)
+    if op is None:
+        raise OpArgumentError(
+            f"{op_name}: the op instance this compiled code was traced with no longer exists; keep the op "
+            "alive (e.g. as a module attribute) for as long as the compiled function is used"
+        )
+    return op
 
 
 def define_custom_op(op_class: type[Op]) -> None:
-    """Define the ``torch.library`` custom op of ``op_class`` as ``op_class._custom_op``.
+    """Define the ``torch.library`` custom ops of ``op_class``: ``op_class._custom_op`` for
+    calls without output buffers and, for an op that takes ``out=`` buffers,
+    ``op_class._custom_op_with_buffers`` for calls with some (two ops, because a call without
+    buffers then mutates nothing, which Inductor needs to lower a single-output op).
 
     Called when the first instance is constructed (outside tracing: Dynamo cannot trace the
     definition), so that a traced call only reads a class attribute.
@@ -70,61 +90,109 @@ def define_custom_op(op_class: type[Op]) -> None:
         entry = op_class.manifest_entry()
         if any(t.aliases for t in entry.outputs):
             return  # an output aliasing an input cannot be a custom op's result: not traceable yet
-        n_inputs = len(entry.inputs)
-        param_names = [p.name for p in entry.params]
-        n_params = len(param_names)
-        exec_names = [a.name for a in entry.exec_args]
-        mutated = [t.name for t in entry.inputs if t.written]
+        written = [t.name for t in entry.inputs if t.written]
+        out_keywords = [t.out for t in entry.outputs if t.out]
+        if out_keywords:
+            op_class._custom_op_with_buffers = _custom_op(op_class, f"{op_class.__name__}_with_buffers", out_keywords, written)
+        op_class._custom_op = _custom_op(op_class, op_class.__name__, [], written)
 
-        def split(arguments: tuple):
-            """(inputs, params, execution arguments given) of the custom op's arguments."""
-            inputs = arguments[:n_inputs]
-            params = _as_params(arguments[n_inputs : n_inputs + n_params], entry)
-            given = {
-                name: value
-                for name, value in zip(exec_names, arguments[n_inputs + n_params : -1])
-                if value is not None
-            }
-            return inputs, params, given
 
-        def implementation(*arguments):
-            inputs, params, given = split(arguments)
-            result = _eager_instance(op_class, tuple(zip(param_names, params)), arguments[-1])(*inputs, **given)
-            return tuple(t.clone() if _is_input(t, inputs) else t for t in result) if isinstance(result, tuple) else (
-                result.clone() if _is_input(result, inputs) else result
-            )
+def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], written: list[str]):
+    entry = op_class.manifest_entry()
+    name = op_class.__name__
+    n_inputs, n_outs = len(entry.inputs), len(out_keywords)
+    exec_names = [a.name for a in entry.exec_args]
+    single = len(entry.outputs) == 1
 
-        def fake(*arguments):
-            inputs, params, given = split(arguments)
-            signature = op_class.signature()
-            call = signature.bind(signature.bind_params(dict(zip(param_names, params))), inputs, given)
-            outputs = tuple(
-                torch.empty(shape, dtype=dtype, device=call.device)
-                for shape, dtype in zip(call.output_shapes, call.output_dtypes)
-            )
-            return outputs[0] if len(outputs) == 1 else outputs
+    def split(arguments: tuple):
+        """(inputs, keywords given: buffers and execution arguments, instance key) of the
+        custom op's arguments."""
+        inputs = arguments[:n_inputs]
+        given = dict(zip(out_keywords, arguments[n_inputs : n_inputs + n_outs]))
+        given.update(zip(exec_names, arguments[n_inputs + n_outs : -1]))
+        return inputs, {k: v for k, v in given.items() if v is not None}, arguments[-1]
 
-        library_name = f"tileops::{op_class.__name__}"
-        custom = torch.library.custom_op(
-            library_name, implementation, mutates_args=mutated, schema=_schema(op_class)
+    def implementation(*arguments):
+        inputs, given, key = split(arguments)
+        result = _instance(key, name)(*inputs, **given)
+        results = (result,) if single else result
+        # A custom op's result may alias none of its arguments: a filled buffer is returned by
+        # the traced call itself, an input (or a view of one) returned becomes a copy.
+        results = tuple(
+            _placeholder(given[t.out]) if t.out in given else (r.clone() if _is_input(r, inputs) else r)
+            for t, r in zip(entry.outputs, results)
         )
-        custom.register_fake(fake)
-        op_class._custom_op = custom
+        return results[0] if single else results
+
+    def fake(*arguments):
+        if not any(is_fake(a) for a in arguments if isinstance(a, torch.Tensor)):
+            # Not tracing: a meta tensor among real ones sent the call to the meta kernel.
+            return implementation(*arguments)
+        inputs, given, key = split(arguments)
+        op = _instance(key, name)
+        try:
+            call = op.signature().bind(op.params, inputs, given, check_overlap=False)
+        except OpArgumentError:
+            # Traced with placeholders; the graph's eager call raises the same error when it runs.
+            outputs = _placeholders(entry, inputs)
+        else:
+            outputs = tuple(
+                _placeholder(given[t.out]) if t.out in given else torch.empty(shape, dtype=dtype, device=call.device)
+                for t, shape, dtype in zip(entry.outputs, call.output_shapes, call.output_dtypes)
+            )
+        return outputs[0] if single else outputs
+
+    custom = torch.library.custom_op(
+        f"tileops::{library_name}", implementation, mutates_args=written + out_keywords, schema=_schema(op_class, bool(out_keywords))
+    )
+    custom.register_fake(fake)
+    return custom
+
+
+def _placeholder(buffer: torch.Tensor) -> torch.Tensor:
+    """What the custom op returns for an output written into the caller's ``buffer``."""
+    return torch.empty(0, dtype=buffer.dtype, device=buffer.device)
+
+
+def _placeholders(entry, inputs: tuple) -> tuple[torch.Tensor, ...]:
+    """Outputs for a call that fails its checks while traced: of an input's shape and dtype
+    where the output is declared so (code after the call traces as it would), else empty."""
+    by_name = {decl.name: t for decl, t in zip(entry.inputs, inputs) if isinstance(t, torch.Tensor)}
+    outputs = []
+    for decl in entry.outputs:
+        shape_source, dtype_source = by_name.get(decl.shape_same_as), by_name.get(decl.dtype_same_as)
+        device = next(iter(by_name.values())).device if by_name else None
+        outputs.append(
+            torch.empty(
+                () if shape_source is None else shape_source.shape,
+                dtype=dtype_source.dtype if dtype_source is not None else (decl.dtypes or [torch.float32])[0],
+                device=device,
+            )
+        )
+    return tuple(outputs)
 
 
 def _is_input(tensor: torch.Tensor, inputs: tuple) -> bool:
-    return any(tensor is t for t in inputs)
-
-
-def _as_params(values: tuple, entry) -> list:
-    """Schema values back to the types the op's constructor takes (int[] arrives as a list)."""
-    return [tuple(v) if p.type == "shape" and v is not None else v for p, v in zip(entry.params, values)]
+    """Whether ``tensor`` is, or views the memory of, one of ``inputs`` (a custom op's result
+    may alias none of its arguments)."""
+    storage = tensor.untyped_storage().data_ptr()
+    return any(
+        t is tensor or (isinstance(t, torch.Tensor) and storage != 0 and t.untyped_storage().data_ptr() == storage)
+        for t in inputs
+    )
 
 
 def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
-    """What ``op(*args, **kwargs)`` records while Dynamo traces it."""
+    """What ``op(*args, **kwargs)`` records while Dynamo traces it.
+
+    Arguments the custom op's schema cannot carry (too many, unknown, not tensors) are refused
+    here, by the eager call's rules; everything about the tensors is checked by the eager call
+    the graph makes when it runs.
+    """
     signature = op.signature()
     names = signature.input_names
+    if len(args) > len(names):
+        signature.bind(op.params, args, kwargs)  # raises the eager call's error
     inputs: list[Any] = list(args) + [None] * (len(names) - len(args))
     exec_args = {a.name: a for a in signature.entry.exec_args}
     outs = {}
@@ -132,7 +200,7 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
     for name, value in kwargs.items():
         if name in signature.out_keywords:
             outs[name] = value
-        elif name in names:
+        elif name in names and names.index(name) >= len(args):
             inputs[names.index(name)] = value
         elif name in exec_args:
             value = signature.check_exec_arg(name, value)
@@ -145,24 +213,24 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
                 )
             given[name] = value
         else:
-            signature.bind(op.params, args, kwargs)  # raises the precise error
+            signature.bind(op.params, args, kwargs)  # raises the eager call's error
+    for name, value in [*zip(names, inputs), *outs.items()]:
+        if value is not None and not isinstance(value, torch.Tensor):
+            what = "output buffer" if name in outs else "argument"
+            raise OpArgumentError(f"{type(op).__name__}: {what} {name!r} expected a torch.Tensor, got {type(value).__name__}")
     custom = type(op).__dict__.get("_custom_op")
-    if custom is None and any(t.aliases for t in signature.entry.outputs):
+    if custom is None:
         raise OpArgumentError(
             f"{type(op).__name__}: an output aliases a written input, which a torch.library custom op "
             "cannot return; this op cannot be traced by torch.compile yet (call it outside the compiled region)"
         )
-    if custom is None:
-        raise OpArgumentError(
-            f"{type(op).__name__}: an op constructed inside a compiled function cannot be traced; "
-            "construct it outside (e.g. in the module's __init__)"
-        )
-    result = custom(*inputs, *op.params.values(), *[given.get(name) for name in exec_args], op.requested_target)
-    if not outs:
-        return result
-    results = list(result) if isinstance(result, tuple) else [result]
+    execution = [given.get(name) for name in exec_args]
+    buffers = [outs.get(keyword) for keyword in signature.out_keywords]
+    if all(buffer is None for buffer in buffers):
+        return custom(*inputs, *execution, op._trace_key)
+    result = type(op).__dict__["_custom_op_with_buffers"](*inputs, *buffers, *execution, op._trace_key)
+    results = [result] if len(signature.entry.outputs) == 1 else list(result)
     for keyword, index in signature.out_keywords.items():
         if outs.get(keyword) is not None:
-            outs[keyword].copy_(results[index])
             results[index] = outs[keyword]
-    return tuple(results) if isinstance(result, tuple) else results[0]
+    return results[0] if len(results) == 1 else tuple(results)

@@ -41,7 +41,7 @@ from tileops.testing import workload_inputs
 
 from . import call_flags
 from .call_flags import CallFlags
-from .output import UsageError, installed_version, shape_argument
+from .output import UsageError, installed_version, shape_argument, without_markup
 
 CALLS = 40
 REPLAYS = 15
@@ -367,8 +367,7 @@ def _chart(rows: list[Row], path: str) -> None:
 def register(commands) -> None:
     parser = commands.add_parser(
         "bench",
-        help="time the manifest workloads on this GPU against torch eager and torch.compile",
-        description=__doc__,
+        description=without_markup(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)

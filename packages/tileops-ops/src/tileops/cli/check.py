@@ -35,7 +35,6 @@ from .output import print_json
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "check",
-        help="validate the manifest and check every op class against its entry",
         description=(
             "Load every shipped manifest file strictly and check each op class against its "
             "entry; print one line per op and exit 1 on any problem. With --manifest, validate "
@@ -67,6 +66,8 @@ def _load(path: Any) -> tuple[dict[str, OpEntry], str | None]:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         return {}, f"{source}: cannot be read: {error}"
+    except UnicodeDecodeError as error:
+        return {}, f"{source}: is not UTF-8 text: {error}"
     try:
         return parse_manifest(text, source), None
     except TileOpsError as error:
@@ -152,6 +153,8 @@ def _problems(op_class: type[Op], family: str) -> list[str]:
     except TileOpsError as error:  # its manifest file does not load, or holds no entry for it
         return [str(error)]
     problems.extend(_workload_problems(op_class.manifest_entry()))
+    # A backend's kernel type that breaks its contract makes every construction of the op raise.
+    problems.extend(op_class.registered_kernel_type_problems().values())
     if declared_family != family:
         problems.append(
             f"tileops.ops.FAMILIES lists {op_class.__name__} under {family!r}, its manifest entry "

@@ -29,13 +29,13 @@ from tileops.core.tensor_description import TensorDescription
 
 from . import call_flags
 from .call_flags import CallFlags
-from .output import UsageError, print_json, shape_argument
+from .output import UsageError, device_argument, print_json, shape_argument
+from .provenance import distribution_of
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "explain",
-        help="say which target and implementation would serve a call, and why",
         description=(
             "Describe a call of OP (shape, dtype, device, params, which optional inputs it passes) and say "
             "which target would bind and why, then every implementation's verdict for each "
@@ -56,7 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--device",
-        type=_device,
+        type=device_argument,
         help="the call's device (default: cuda when --arch is given or a GPU is present, else cpu)",
     )
     parser.add_argument(
@@ -75,13 +75,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
-
-
-def _device(text: str) -> torch.device:
-    try:
-        return torch.device(text)
-    except RuntimeError as error:  # torch names the device types it knows
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -202,16 +195,26 @@ def _interface_verdicts(
         selected, error = implementations.select(call_spec, facts_source), None
     except KernelSelectionError as raised:
         selected, error = None, f"KernelSelectionError: {raised}"
+    registration = None if selected is None else registry.kernel_types(type(op).__name__).get(selected)
     return {
         "interface": interface.__name__,
         "call_spec": repr(call_spec),
         "selected": selected,
+        # Who registered the selected key; None for an in-tree one.
+        "selected_registered_by": None if registration is None else _registrant(registration),
         "error": error,
         "verdicts": [
             {"key": v.key, "outcome": v.outcome, "reason": v.reason, "text": str(v)}
             for v in implementations.verdicts(call_spec, facts_source)
         ],
     }
+
+
+def _registrant(registration: registry.Registration) -> str:
+    """The distribution that registered a kernel type, or its module where no installed one did."""
+    backend = registration.backend
+    distribution = backend.distribution if backend is not None else distribution_of(registration.module)
+    return distribution or registration.module
 
 
 def _text(report: dict[str, Any]) -> list[str]:
@@ -255,8 +258,13 @@ def _text(report: dict[str, Any]) -> list[str]:
     elif target["name"] != BUILTIN:
         lines.append(f"result:       served by target {target['name']}")
     elif report["served"]:
-        served = ", ".join(f"{i['interface']} by {i['selected']}" for i in report["interfaces"])
-        lines.append(f"result:       served in-tree: {served}")
+        served = ", ".join(
+            f"{i['interface']} by {i['selected']}"
+            + (f" (registered by {i['selected_registered_by']})" if i["selected_registered_by"] else "")
+            for i in report["interfaces"]
+        )
+        in_tree = not any(i["selected_registered_by"] for i in report["interfaces"])
+        lines.append(f"result:       served {'in-tree' if in_tree else 'on the builtin target'}: {served}")
     else:
         lines.append("result:       the call raises KernelSelectionError (above)")
     return lines

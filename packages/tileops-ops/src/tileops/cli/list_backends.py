@@ -8,7 +8,8 @@ from typing import Any
 
 from tileops.core import registry
 from tileops.core.discovery import ENTRY_POINT_GROUP, LoadedBackend, load_failures, loaded_backends
-from tileops.core.registry import describe_callable
+from tileops.core.registry import Registration, describe_callable
+from tileops.ops import FAMILIES
 
 from .output import columns, print_json
 from .provenance import distribution_of
@@ -17,7 +18,6 @@ from .provenance import distribution_of
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "backends",
-        help="list installed backends, what each registered, and the ones that failed to load",
         description=(
             f"List the installed backends (entry points of the group {ENTRY_POINT_GROUP!r}): the "
             "detectors, kernel builders and kernel types each registered, and every backend whose "
@@ -37,24 +37,33 @@ def describe_backends() -> dict[str, Any]:
         for name in [*(b.name for b in backends), None]
     }
 
-    def record(kind: str, registrant: str, described: dict[str, Any]) -> None:
-        registrations[_registrant_backend(registrant, backends)][kind].append({**described, "module": registrant})
+    def record(kind: str, registration: Registration, described: dict[str, Any]) -> None:
+        # The backend whose import made it, where discovery knows; else guessed from the module.
+        made_by = registration.backend
+        backend = made_by.name if made_by in backends else _registrant_backend(registration.module, backends)
+        registrations[backend][kind].append({**described, "module": registration.module})
 
     for target, registration in sorted(registry.detectors().items()):
-        record("detectors", registration.module, {"target": target, "detector": describe_callable(registration.value)})
+        record("detectors", registration, {"target": target, "detector": describe_callable(registration.value)})
     for (op, target), registration in sorted(registry.all_builders().items()):
         record(
             "kernel_builders",
-            registration.module,
+            registration,
             {"op": op, "target": target, "builder": describe_callable(registration.value)},
         )
+    problems = _kernel_type_problems()
     for op, keys in sorted(registry.all_kernel_types().items()):
         for key, registration in sorted(keys.items()):
             kernel_type = registration.value
             record(
                 "kernel_types",
-                registration.module,
-                {"op": op, "key": key, "class": f"{kernel_type.__module__}.{kernel_type.__qualname__}"},
+                registration,
+                {
+                    "op": op,
+                    "key": key,
+                    "class": f"{kernel_type.__module__}.{kernel_type.__qualname__}",
+                    "problem": problems.get((op, key)),
+                },
             )
     return {
         "backends": [
@@ -72,6 +81,17 @@ def describe_backends() -> dict[str, Any]:
             }
             for failure in load_failures()
         ],
+    }
+
+
+def _kernel_type_problems() -> dict[tuple[str, str], str]:
+    """(op, key) -> the contract error of each registered kernel type that makes its op's
+    construction raise."""
+    return {
+        (op_class.__name__, key): problem
+        for op_classes in FAMILIES.values()
+        for op_class in op_classes
+        for key, problem in op_class.registered_kernel_type_problems().items()
     }
 
 
@@ -96,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(described)
     else:
         print("\n".join(_text(described, verbose=args.verbose)))
-    return 1 if described["load_failures"] else 0
+    broken = any(t["problem"] for b in [*described["backends"], described["registered_elsewhere"]] for t in b["kernel_types"])
+    return 1 if described["load_failures"] or broken else 0
 
 
 def _text(described: dict[str, Any], *, verbose: bool) -> list[str]:
@@ -130,4 +151,5 @@ def _registration_lines(registrations: dict[str, list]) -> list[str]:
         for b in registrations["kernel_builders"]
     ]
     rows += [["kernel type", f"{t['op']} key {t['key']}", t["class"]] for t in registrations["kernel_types"]]
-    return columns(rows) or ["  (registered nothing)"]
+    problems = [f"    BROKEN {t['op']} key {t['key']}: {t['problem']}" for t in registrations["kernel_types"] if t["problem"]]
+    return (columns(rows) or ["  (registered nothing)"]) + problems

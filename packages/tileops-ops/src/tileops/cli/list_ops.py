@@ -4,6 +4,7 @@ registered, with the distribution each comes from) and the targets that serve it
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from tileops.core import registry
@@ -13,6 +14,7 @@ from tileops.core.op import Op
 from tileops.core.targets import registered_targets
 from tileops.ops import FAMILIES
 
+from .call_flags import op_class_named
 from .output import columns, print_json
 from .provenance import distribution_of
 
@@ -20,7 +22,6 @@ from .provenance import distribution_of
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "ops",
-        help="list every op, its kernel implementations and the targets that serve it",
         description=(
             "List every op by family: for each kernel interface, every implementation key (in-tree "
             "or registered by a backend), the distribution it comes from and whether it is "
@@ -28,12 +29,20 @@ def register(commands: argparse._SubParsersAction) -> None:
             "op cannot be constructed (a registered implementation breaks its contract)."
         ),
     )
+    parser.add_argument("ops", nargs="*", metavar="OP", help="op class names (default: every op)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
 
 
-def describe_ops() -> list[dict[str, Any]]:
-    return [describe_op(op_class, family) for family, op_classes in FAMILIES.items() for op_class in op_classes]
+def describe_ops(names: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Every op, or the ones named (a UsageError for a name that is no op)."""
+    wanted = {op_class_named(name) for name in names}
+    return [
+        describe_op(op_class, family)
+        for family, op_classes in FAMILIES.items()
+        for op_class in op_classes
+        if not wanted or op_class in wanted
+    ]
 
 
 def describe_op(op_class: type[Op], family: str) -> dict[str, Any]:
@@ -100,7 +109,7 @@ def _describe_implementation(
 
 
 def run(args: argparse.Namespace) -> int:
-    ops = describe_ops()
+    ops = describe_ops(args.ops)
     if args.json:
         print_json(ops)
     else:

@@ -1,97 +1,82 @@
-"""Argument parsing for the ``tileops`` command, and its ``demo`` subcommand.
+"""Argument parsing for the ``tileops`` command, and the dispatch to its subcommands.
 
-Each other subcommand lives in its own module, which adds its parser (``register``) and
-handles it: ``ops`` (list_ops), ``backends`` (list_backends), ``explain``, ``check``,
-``bench`` and ``overhead``.
+Each subcommand lives in its own module, which adds its parser (``register``) and handles it:
+``demo``, ``ops`` (list_ops), ``backends`` (list_backends), ``explain``, ``check``, ``bench``
+and ``overhead``. Those modules import torch, which takes seconds, so only the module of the
+subcommand on the command line is imported: ``tileops --help`` and ``--version`` import none.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-import torch
+from .output import UsageError, version
 
-from . import bench, call_flags, check, explain, list_backends, list_ops, overhead
-from .call_flags import CallFlags
-from .output import UsageError, installed_version, shape_argument
-
-
-def _version() -> str:
-    return installed_version("tileops-ops") or "from a source tree (tileops-ops is not installed)"
-
-
-def _best_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """Run every op (or the named ones) once on the best device present and print what served
-    each call."""
-    from tileops.backend import load_failures, registered_targets
-    from tileops.ops import FAMILIES
-    from tileops.testing import workload_inputs
-
-    device = torch.device(args.device) if args.device else _best_device()
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    wanted = {call_flags.op_class_named(name) for name in args.ops}
-    flags = CallFlags.of(args)
-    calls = {
-        family: [(op_class, flags.workload(op_class, shape=args.shape)) for op_class in ops if not wanted or op_class in wanted]
-        for family, ops in FAMILIES.items()
-    }
-    # Every call is checked before any runs: a flag that does not fit an op stops the demo at once.
-    for op_class, workload in (call for described in calls.values() for call in described):
-        call_flags.check_call(op_class, workload, dtype)
-    print(f"TileOPs {_version()} on {device} (torch {torch.__version__})")
-    print(f"targets registered: {', '.join(registered_targets()) or 'none'}")
-    for failure in load_failures():
-        print(f"backend failed to load: {failure}")
-    for family, described in calls.items():
-        if not described:
-            continue
-        print(f"\n{family} (each op on {'--shape' if args.shape else 'its first manifest workload'}):")
-        for op_class, workload in described:
-            entry = op_class.manifest_entry()
-            op = op_class(**workload.params)
-            inputs = workload_inputs(entry, workload, dtype, device)
-            op(**inputs)
-            served = ", ".join(sorted({key for key, _ in op.built_kernels()})) or "-"
-            first = entry.inputs[0].name
-            print(
-                f"  {op_class.__name__:<24} {workload.name:<10} {first}{tuple(inputs[first].shape)} "
-                f"{str(dtype).removeprefix('torch.')}  target={op.target}  served by {served}"
-            )
-    return 0
+#: subcommand -> (its module in this package, the line ``tileops --help`` lists for it)
+COMMANDS = {
+    "demo": ("demo", "run every op once and print what served each call"),
+    "ops": ("list_ops", "list every op, its kernel implementations and the targets that serve it"),
+    "backends": ("list_backends", "list installed backends, what each registered, and the ones that failed to load"),
+    "explain": ("explain", "say which target and implementation would serve a call, and why"),
+    "check": ("check", "validate the manifest and check every op class against its entry"),
+    "bench": ("bench", "time the manifest workloads on this GPU against torch eager and torch.compile"),
+    "overhead": ("overhead", "measure what the op layer adds per call (CPU, hit path)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, as every other mistake's are (argparse
+    prints its whole usage first); the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists what it takes)\n")
+
+
+class _Listed:
+    """The subparsers action as a command module sees it: ``add_parser`` adds the summary the
+    listing of ``tileops --help`` shows, from ``COMMANDS``."""
+
+    def __init__(self, commands: argparse._SubParsersAction) -> None:
+        self._commands = commands
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        return self._commands.add_parser(name, help=COMMANDS[name][1], **kwargs)
+
+
+def build_parser(in_full: Iterable[str] = COMMANDS) -> argparse.ArgumentParser:
+    """The ``tileops`` parser, with the full parser of each command in ``in_full`` (importing
+    its module); the other commands are listed only."""
+    parser = _Parser(
         prog="tileops",
         description="TileOPs: PyTorch operators with TileLang kernels and pluggable backends.",
+        epilog="Each command has --help. Exit status 2 means the command line was wrong.",
     )
-    parser.add_argument("--version", action="version", version=f"tileops {_version()}")
+    parser.add_argument("--version", action="version", version=f"tileops {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="run every op once and print what served each call")
-    demo.add_argument("ops", nargs="*", metavar="OP", help="op class names (default: every op)")
-    demo.add_argument("--device", help="device to run on (default: cuda if present, else cpu)")
-    demo.add_argument(
-        "--shape", type=shape_argument, help="shape of each op's first input (default: its first manifest workload's)"
-    )
-    call_flags.add_arguments(demo)
-    demo.set_defaults(handler=_demo)
-    for command in (list_ops, list_backends, explain, check, bench, overhead):
-        command.register(commands)
+    in_full = set(in_full)
+    for name, (module, summary) in COMMANDS.items():
+        if name in in_full:
+            importlib.import_module(f"{__package__}.{module}").register(_Listed(commands))
+        else:
+            commands.add_parser(name, help=summary)
+    parser.set_defaults(subparsers=commands.choices)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command is the first word that is not an option (no top-level option takes a value).
+    named = next((word for word in argv if not word.startswith("-")), None)
+    parser = build_parser([named] if named in COMMANDS else [])
+    args, unknown = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    if unknown:  # reported by the command's own parser, whose usage says what it takes; exits 2
+        args.subparsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.handler(args)
     except UsageError as error:

@@ -1,5 +1,6 @@
-"""What the subcommands share: the usage error, the shape syntax, installed versions, JSON
-printing and text in aligned columns."""
+"""What the subcommands share: the usage error, the shape and device syntax, installed versions,
+JSON printing and text in aligned columns. It imports no torch (``tileops --help`` and
+``--version`` use it), so the device syntax imports torch when it reads a device."""
 
 from __future__ import annotations
 
@@ -23,6 +24,22 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def version() -> str:
+    """TileOPs' version as ``--version`` and the demo print it."""
+    return installed_version("tileops-ops") or "from a source tree (tileops-ops is not installed)"
+
+
+def device_argument(text: str):
+    """A ``torch.device`` as the command line spells it (``cpu``, ``cuda``, ``cuda:1``); for
+    argparse's ``type=``, which reports torch's reason with the option's name."""
+    import torch
+
+    try:
+        return torch.device(text)
+    except RuntimeError as error:  # torch names the device types it knows
+        raise argparse.ArgumentTypeError(f"torch knows no device {text!r}: {error}") from None
+
+
 def shape_argument(text: str) -> tuple[int, ...]:
     """A shape as the command line spells it, sizes separated by 'x' or ',' (``8192x7168``,
     ``8,4096``); for argparse's ``type=``, which reports the error with the option's name."""
@@ -32,6 +49,11 @@ def shape_argument(text: str) -> tuple[int, ...]:
     if all(part.removeprefix("-").isascii() and part.removeprefix("-").isdigit() for part in parts):
         raise argparse.ArgumentTypeError(f"sizes cannot be negative, got {text!r}")
     raise argparse.ArgumentTypeError(f"expected sizes separated by 'x' or ',', such as 8192x7168 or 8,4096, got {text!r}")
+
+
+def without_markup(docstring: str) -> str:
+    """A module docstring as ``--help`` shows it: reST's literal quotes (double backticks) dropped."""
+    return docstring.replace("``", "")
 
 
 def print_json(data: Any) -> None:

@@ -117,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
 def register(commands) -> None:
     parser = commands.add_parser(
         "overhead",
-        help="measure what the op layer adds per call (CPU, hit path)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

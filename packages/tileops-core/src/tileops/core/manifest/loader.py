@@ -2,13 +2,20 @@
 
 Each top-level key of a file is an op's class name; its value is the op's entry. Unknown
 fields, undefined names, contradictory declarations and bad values are ``ManifestError``s
-naming the file, the op and the field. The schema is documented in docs/manifest.md.
+naming the file, the op and the field, quoting what they found cut short (``quoting``);
+no other exception escapes, whatever the file holds. The YAML is read without anchors,
+aliases or merge keys (a few kilobytes of aliases expand to gigabytes) and no deeper than
+MAX_DEPTH. Constraints are evaluated on every workload's params when the file is loaded, so a
+constraint that cannot be evaluated (comparing a shape with an int) is the loader's error,
+not the constructor's. The schema is documented in docs/manifest.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +23,8 @@ import torch
 import yaml
 
 from ..errors import ManifestError
-from .expressions import ExpressionError, compile_expression
+from .expressions import FUNCTIONS, ExpressionError, compile_expression, evaluate
+from .quoting import shown, shown_text
 from .shapes import ShapePattern
 
 DTYPES: dict[str, torch.dtype] = {
@@ -31,6 +39,11 @@ DTYPES: dict[str, torch.dtype] = {
 }
 PARAM_TYPES = ("int", "float", "bool", "str", "shape", "dtype")
 ACCESS = ("read", "readwrite", "write")
+#: How deeply the YAML may nest mappings and lists; entries need six levels.
+MAX_DEPTH = 32
+#: The most elements a workload's tensor (or a shape param) may have: its bytes, 8 per
+#: element at most, must fit torch's int64 sizes.
+MAX_NUMEL = 2**60
 _MISSING = object()
 
 
@@ -76,6 +89,19 @@ class Constraint:
     code: Any
     message: str
     at_construction: bool  # uses params only, so it is checked once per op instance
+    place: str = ""  # the file, op and field, for errors
+
+    def holds(self, namespace: dict[str, Any]) -> bool:
+        """Whether the constraint holds for ``namespace`` (params and dimensions); a
+        ``ManifestError`` naming the constraint where it cannot be evaluated on them."""
+        try:
+            return bool(evaluate(self.code, namespace))
+        except Exception as error:  # noqa: BLE001 - whatever the expression raises is the manifest's fault
+            shown_values = ", ".join(f"{k}={shown(v, 40)}" for k, v in namespace.items())
+            raise ManifestError(
+                f"{self.place}: the constraint {shown(self.text)} cannot be evaluated on {shown_text(shown_values, 200)}: "
+                f"{type(error).__name__}: {shown_text(str(error), 200)}"
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,12 +147,16 @@ class _Where:
         return _Where(self.source, self.op, f"{self.field}.{field}" if self.field else field)
 
     def error(self, message: str) -> ManifestError:
+        return ManifestError(f"{self.place}: {message}")
+
+    @property
+    def place(self) -> str:
         place = self.source
         if self.op:
-            place += f", op {self.op}"
+            place += f", op {shown_text(self.op)}"
         if self.field:
-            place += f", field {self.field}"
-        return ManifestError(f"{place}: {message}")
+            place += f", field {shown_text(self.field, 200)}"
+        return place
 
 
 def _names(value: Any, where: _Where) -> dict:
@@ -134,16 +164,17 @@ def _names(value: Any, where: _Where) -> dict:
     mapping = _mapping(value, where, set(value) if isinstance(value, dict) else set())
     for name in mapping:
         if not isinstance(name, str) or not name.isidentifier():
-            raise where.error(f"{name!r} is not a valid argument name")
+            raise where.error(f"{shown(name)} is not a valid argument name")
     return mapping
 
 
 def _mapping(value: Any, where: _Where, allowed: set[str], required: set[str] = frozenset()) -> dict:
     if not isinstance(value, dict):
         raise where.error(f"expected a mapping, got {type(value).__name__}")
-    unknown = sorted(set(value) - allowed)
+    unknown = sorted(set(value) - allowed, key=repr)  # keys may be of any type: 1, null
     if unknown:
-        raise where.error(f"unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+        listed = shown_text(", ".join(shown(key) for key in unknown), 200)
+        raise where.error(f"unknown field(s) {listed}; allowed: {shown_text(', '.join(sorted(allowed)), 200)}")
     missing = sorted(required - set(value))
     if missing:
         raise where.error(f"missing required field(s) {', '.join(map(repr, missing))}")
@@ -152,19 +183,21 @@ def _mapping(value: Any, where: _Where, allowed: set[str], required: set[str] = 
 
 def _str(value: Any, where: _Where) -> str:
     if not isinstance(value, str):
-        raise where.error(f"expected a string, got {value!r}")
+        raise where.error(f"expected a string, got {shown(value)}")
     return value
 
 
 def _bool(value: Any, where: _Where) -> bool:
     if not isinstance(value, bool):
-        raise where.error(f"expected true or false, got {value!r}")
+        raise where.error(f"expected true or false, got {shown(value)}")
     return value
 
 
 def _dtype(value: Any, where: _Where) -> torch.dtype:
+    if not isinstance(value, str):
+        raise where.error(f"expected a dtype name ({', '.join(DTYPES)}), got {shown(value)}")
     if value not in DTYPES:
-        raise where.error(f"unknown dtype {value!r}; known: {', '.join(DTYPES)}")
+        raise where.error(f"unknown dtype {shown(value)}; known: {', '.join(DTYPES)}")
     return DTYPES[value]
 
 
@@ -172,15 +205,15 @@ def _dtype_decl(value: Any, where: _Where, earlier: list[str]) -> tuple[tuple[to
     if isinstance(value, dict):
         ref = _str(_mapping(value, where, {"same_as"}, {"same_as"})["same_as"], where.at("same_as"))
         if ref not in earlier:
-            raise where.error(f"same_as {ref!r} names no tensor declared before it (declared: {', '.join(earlier) or 'none'})")
+            raise where.error(f"same_as {shown(ref)} names no tensor declared before it (declared: {', '.join(earlier) or 'none'})")
         return None, ref
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise where.error(f"expected a dtype, a list of dtypes or {{same_as: tensor}}, got {value!r}")
+        raise where.error(f"expected a dtype, a list of dtypes or {{same_as: tensor}}, got {shown(value)}")
     dtypes = tuple(_dtype(v, where) for v in value)
     if len(set(dtypes)) != len(dtypes):
-        raise where.error(f"lists a dtype twice: {value!r}")
+        raise where.error(f"lists a dtype twice: {shown(value)}")
     return dtypes, None
 
 
@@ -188,10 +221,10 @@ def _shape_decl(value: Any, where: _Where, earlier: list[str], shape_params: set
     if isinstance(value, dict):
         ref = _str(_mapping(value, where, {"same_as"}, {"same_as"})["same_as"], where.at("same_as"))
         if ref not in earlier:
-            raise where.error(f"same_as {ref!r} names no tensor declared before it (declared: {', '.join(earlier) or 'none'})")
+            raise where.error(f"same_as {shown(ref)} names no tensor declared before it (declared: {', '.join(earlier) or 'none'})")
         return None, ref
     if not isinstance(value, list):
-        raise where.error(f"expected a list of dimensions or {{same_as: tensor}}, got {value!r}")
+        raise where.error(f"expected a list of dimensions or {{same_as: tensor}}, got {shown(value)}")
     try:
         return ShapePattern.parse(value, shape_params), None
     except ValueError as error:
@@ -201,7 +234,8 @@ def _shape_decl(value: Any, where: _Where, earlier: list[str], shape_params: set
 def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_params: set[str], *, output: bool, inputs: dict) -> TensorDecl:
     common = {"dtype", "shape", "doc"}
     allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "access"})
-    spec = _mapping(value, where, allowed, set() if output and "aliases" in (value or {}) else {"dtype", "shape"})
+    aliased = output and isinstance(value, dict) and "aliases" in value
+    spec = _mapping(value, where, allowed, set() if aliased else {"dtype", "shape"})
     fields: dict[str, Any] = {"name": name, "doc": _str(spec.get("doc", ""), where.at("doc"))}
     if output and "aliases" in spec:
         target = _str(spec["aliases"], where.at("aliases"))
@@ -222,17 +256,17 @@ def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_para
         if "out" in spec:
             fields["out"] = _str(spec["out"], where.at("out"))
             if not fields["out"].isidentifier():
-                raise where.at("out").error(f"{fields['out']!r} is not a valid keyword name")
+                raise where.at("out").error(f"{shown(fields['out'])} is not a valid keyword name")
     else:
         fields["optional"] = _bool(spec.get("optional", False), where.at("optional"))
         fields["contiguous"] = _bool(spec.get("contiguous", False), where.at("contiguous"))
         if "device" in spec:
             if spec["device"] != "cpu":
-                raise where.at("device").error(f"the only device a tensor can be pinned to is 'cpu', got {spec['device']!r}")
+                raise where.at("device").error(f"the only device a tensor can be pinned to is 'cpu', got {shown(spec['device'])}")
             fields["cpu"] = True
         access = spec.get("access", "read")
-        if access not in ACCESS:
-            raise where.at("access").error(f"expected one of {', '.join(ACCESS)}, got {access!r}")
+        if not isinstance(access, str) or access not in ACCESS:
+            raise where.at("access").error(f"expected one of {', '.join(ACCESS)}, got {shown(access)}")
         fields["access"] = access
         if access == "read" and fields["contiguous"]:
             raise where.at("contiguous").error(
@@ -245,13 +279,18 @@ def param_value(kind: str, value: Any) -> Any:
     """A non-null ``value`` of a param of type ``kind`` in its canonical form (shapes as
     tuples, floats as float); ValueError saying what was expected otherwise."""
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not _is_int(value):
             raise ValueError("an int")
         return int(value)
     if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # Any real number: Python's, numpy's of every width (numpy registers its scalar types
+        # as numbers.Real), a Fraction; not a bool.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError("a float")
-        return float(value)
+        try:
+            return float(value)
+        except (OverflowError, ValueError, TypeError):
+            raise ValueError("a float (a real number that fits one)") from None
     if kind == "bool":
         if not isinstance(value, bool):
             raise ValueError("a bool")
@@ -265,32 +304,28 @@ def param_value(kind: str, value: Any) -> Any:
             raise ValueError("a torch.dtype")
         return value
     # shape: an int or a sequence of ints, as torch's shape arguments take
-    if isinstance(value, int) and not isinstance(value, bool):
+    if _is_int(value):
         value = (value,)
-    if isinstance(value, (list, tuple, torch.Size)) and all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
-    ):
+    if isinstance(value, (list, tuple, torch.Size)) and all(_is_int(d) and 0 <= d <= MAX_NUMEL for d in value):
         return tuple(int(d) for d in value)
     raise ValueError("an int or a sequence of non-negative ints")
 
 
+def _is_int(value: Any) -> bool:
+    """An integer (Python's or numpy's of any width), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _param(name: str, value: Any, where: _Where) -> ParamDecl:
     spec = _mapping(value, where, {"type", "default", "nullable", "keyword_only", "doc"}, {"type"})
-    if spec["type"] not in PARAM_TYPES:
-        raise where.at("type").error(f"expected one of {', '.join(PARAM_TYPES)}, got {spec['type']!r}")
+    if not isinstance(spec["type"], str) or spec["type"] not in PARAM_TYPES:
+        raise where.at("type").error(f"expected one of {', '.join(PARAM_TYPES)}, got {shown(spec['type'])}")
     nullable = _bool(spec.get("nullable", False), where.at("nullable"))
     default = spec.get("default", _MISSING)
     if default is None and not nullable:
         raise where.at("default").error("is null but the param is not nullable: add nullable: true")
     if default is not None and default is not _MISSING:
-        if spec["type"] == "dtype":  # written as a dtype's name in YAML
-            if default not in DTYPES:
-                raise where.at("default").error(f"expected one of {', '.join(DTYPES)}, got {default!r}")
-            default = DTYPES[default]
-        try:
-            default = param_value(spec["type"], default)
-        except ValueError as error:
-            raise where.at("default").error(f"expected {error} (the param's type is {spec['type']}), got {default!r}") from None
+        default = _written_param(spec["type"], default, where.at("default"))
     return ParamDecl(
         name=name,
         type=spec["type"],
@@ -301,10 +336,23 @@ def _param(name: str, value: Any, where: _Where) -> ParamDecl:
     )
 
 
-def _entry(op: str, value: Any, source: str) -> OpEntry:
+def _written_param(kind: str, value: Any, where: _Where) -> Any:
+    """A param's value as a manifest writes it (dtypes by name), in its canonical form."""
+    if kind == "dtype":
+        return _dtype(value, where)
+    try:
+        value = param_value(kind, value)
+    except ValueError as error:
+        raise where.error(f"expected {error} (the param's type is {kind}), got {shown(value)}") from None
+    if kind == "float" and not math.isfinite(value):
+        raise where.error(f"expected a finite float, got {value!r}")
+    return value
+
+
+def _entry(op: Any, value: Any, source: str) -> OpEntry:
+    if not isinstance(op, str) or not op.isidentifier():
+        raise _Where(source).error(f"op name {shown(op)} is not a class name")
     where = _Where(source, op)
-    if not op.isidentifier():
-        raise _Where(source).error(f"op name {op!r} is not a class name")
     spec = _mapping(
         value, where,
         {"family", "summary", "signature", "ref_api", "torch_api", "tolerance", "workloads", "roofline"},
@@ -376,27 +424,31 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
             )
 
     constraints = []
-    for i, item in enumerate(sig.get("constraints") or []):
+    constraints_spec = sig.get("constraints") or []
+    if not isinstance(constraints_spec, list):
+        raise where.at("signature.constraints").error(f"expected a list of {{expr, message}}, got {shown(constraints_spec)}")
+    for i, item in enumerate(constraints_spec):
         cwhere = where.at(f"signature.constraints[{i}]")
         c = _mapping(item, cwhere, {"expr", "message"}, {"expr", "message"})
         code = _expression(c["expr"], dims | param_names, cwhere.at("expr"))
         at_construction = not (set(code.co_names) & (dims - param_names))
-        constraints.append(Constraint(c["expr"], code, _str(c["message"], cwhere.at("message")), at_construction))
+        message = _str(c["message"], cwhere.at("message"))
+        constraints.append(Constraint(c["expr"], code, message, at_construction, cwhere.place))
 
-    ref_code = _expression(spec["ref_api"], set(inputs) | param_names | {"torch", "F"}, where.at("ref_api"), attributes=True)
+    reference_names = set(inputs) | param_names | set(REFERENCE_MODULES)
+    ref_code = _expression(spec["ref_api"], reference_names, where.at("ref_api"), attributes=True)
     torch_code = None
     if "torch_api" in spec:
-        torch_code = _expression(
-            spec["torch_api"], set(inputs) | param_names | {"torch", "F"}, where.at("torch_api"), attributes=True
-        )
+        torch_code = _expression(spec["torch_api"], reference_names, where.at("torch_api"), attributes=True)
 
     tolerance = {}
     for dname, tol in _mapping(spec["tolerance"], where.at("tolerance"), set(DTYPES)).items():
         twhere = where.at(f"tolerance.{dname}")
         tol = _mapping(tol, twhere, {"atol", "rtol"}, {"atol", "rtol"})
         for k in ("atol", "rtol"):
-            if not isinstance(tol[k], (int, float)) or isinstance(tol[k], bool) or tol[k] < 0:
-                raise twhere.at(k).error(f"expected a non-negative number, got {tol[k]!r}")
+            value = tol[k]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise twhere.at(k).error(f"expected a finite non-negative number, got {shown(value)}")
         tolerance[DTYPES[dname]] = (float(tol["atol"]), float(tol["rtol"]))
 
     allowed_dtypes = set().union(*(set(t.dtypes) for t in inputs.values() if t.dtypes))
@@ -408,23 +460,32 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
         w = _mapping(w, wwhere, {"name", "shapes", "dtypes", "params"}, {"name", "shapes", "dtypes"})
         shapes = {}
         for tname, shape in _mapping(w["shapes"], wwhere.at("shapes"), set(inputs)).items():
-            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise wwhere.at(f"shapes.{tname}").error(f"expected a list of non-negative ints, got {shape!r}")
+            if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+                raise wwhere.at(f"shapes.{tname}").error(f"expected a list of non-negative ints, got {shown(shape)}")
+            if math.prod(shape) > MAX_NUMEL:
+                raise wwhere.at(f"shapes.{tname}").error(f"{shown(shape)} has more elements than a tensor can hold (2**60)")
             shapes[tname] = tuple(shape)
         first = next(iter(inputs))
         if first not in shapes:
             raise wwhere.at("shapes").error(f"must give the shape of the first input {first!r}")
-        dtypes = tuple(_dtype(d, wwhere.at("dtypes")) for d in (w["dtypes"] or []))
+        if not isinstance(w["dtypes"], list):
+            raise wwhere.at("dtypes").error(f"expected a list of dtype names, got {shown(w['dtypes'])}")
+        dtypes = tuple(_dtype(d, wwhere.at("dtypes")) for d in w["dtypes"])
         bad = [d for d in dtypes if d not in allowed_dtypes or d not in tolerance]
         if not dtypes or bad:
             raise wwhere.at("dtypes").error(
-                f"every dtype must be accepted by the inputs and have a tolerance; check {bad or w['dtypes']!r}"
+                f"every dtype must be accepted by the inputs and have a tolerance; check {shown(bad or w['dtypes'])}"
             )
-        wparams = _mapping(w.get("params") or {}, wwhere.at("params"), param_names)
+        wparams = dict(_mapping(w.get("params") or {}, wwhere.at("params"), param_names))
         missing = sorted(p.name for p in params if p.required and p.name not in wparams)
         if missing:
             raise wwhere.at("params").error(f"missing required param(s) {', '.join(missing)}")
-        workloads.append(Workload(_str(w["name"], wwhere.at("name")), shapes, dtypes, wparams))
+        for decl in params:  # dtypes are written by name; the op takes torch.dtype
+            if decl.type == "dtype" and wparams.get(decl.name) is not None:
+                wparams[decl.name] = _dtype(wparams[decl.name], wwhere.at(f"params.{decl.name}"))
+        workload = Workload(_str(w["name"], wwhere.at("name")), shapes, dtypes, wparams)
+        _evaluate_constraints(workload, params, inputs, constraints, wwhere)
+        workloads.append(workload)
 
     roof = _mapping(spec["roofline"], where.at("roofline"), {"bytes", "flops"}, {"bytes", "flops"})
     roof_names = dims | param_names | set(inputs) | set(outputs)
@@ -450,40 +511,111 @@ def _entry(op: str, value: Any, source: str) -> OpEntry:
     )
 
 
+def _evaluate_constraints(
+    workload: Workload, params: tuple[ParamDecl, ...], inputs: dict[str, TensorDecl], constraints: list[Constraint], where: _Where
+) -> None:
+    """Evaluate every constraint on ``workload``'s params (and the dimensions its shapes bind),
+    so that one that cannot be evaluated on values of the declared types is found now. Whether
+    the workload satisfies them is ``tileops check``'s question, answered with the op's error."""
+    values: dict[str, Any] = {}
+    for decl in params:
+        given = workload.params.get(decl.name, decl.default)
+        if given is None or decl.type == "dtype":
+            values[decl.name] = given
+        else:
+            values[decl.name] = _written_param(decl.type, given, where.at(f"params.{decl.name}"))
+    dims: dict[str, Any] = {}
+    for name, shape in workload.shapes.items():
+        pattern = inputs[name].shape
+        if pattern is not None and pattern.match(shape, dims, values) is not None:
+            return  # the shapes do not fit the signature: `tileops check` says so
+    namespace = {**values, **dims}
+    for constraint in constraints:
+        if not set(constraint.code.co_names) - set(FUNCTIONS) <= set(namespace):
+            continue  # it reads a dimension of an input the workload omits
+        try:
+            evaluate(constraint.code, namespace)
+        except Exception as error:  # noqa: BLE001 - whatever the expression raises is the manifest's fault
+            shown_values = ", ".join(f"{k}={shown(v, 40)}" for k, v in namespace.items())
+            raise where.error(
+                f"the constraint {shown(constraint.text)} cannot be evaluated on this workload's values "
+                f"({shown_text(shown_values, 200)}): {type(error).__name__}: {shown_text(str(error), 200)}"
+            ) from None
+
+
+#: The module names reference expressions use, and what they stand for.
+REFERENCE_MODULES = {"torch": torch, "F": torch.nn.functional}
+
+
 def _expression(text: Any, names: set[str], where: _Where, *, attributes: bool = False):
     try:
-        return compile_expression(text, names, attributes=attributes)
+        return compile_expression(text, names, attributes=attributes, modules=REFERENCE_MODULES if attributes else {})
     except ExpressionError as error:
         raise where.error(str(error)) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """Safe loading that refuses a key given twice in one mapping (YAML would keep the last)."""
+class _ManifestLoader(yaml.SafeLoader):
+    """Safe loading of plain data: no anchors or aliases, no merge keys, keys that are scalars
+    and given once per mapping (YAML would keep the last), at most MAX_DEPTH levels."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None,
+                f"uses the anchor or alias {shown_text(event.anchor)!r}; manifests do not use anchors and aliases "
+                "(a small file of them expands without bound): write each value out",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nests mappings and lists more than {MAX_DEPTH} levels deep", event.start_mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _construct_mapping(loader: _ManifestLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            raise yaml.constructor.ConstructorError(
+                None, None, "uses a merge key ('<<'), which manifests do not: write the fields out", key_node.start_mark
+            )
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"has a {key_node.id} as a mapping key; keys are names", key_node.start_mark
+            )
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+            raise yaml.constructor.ConstructorError(None, None, f"key {shown(key)} is given twice", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_ManifestLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def parse_manifest(text: str, source: str) -> dict[str, OpEntry]:
     """Validate the YAML ``text`` of one manifest file; ``source`` names it in errors."""
     try:
-        document = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        document = yaml.load(text, Loader=_ManifestLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as error:
-        raise ManifestError(f"{source}: not valid YAML: {error}") from None
+        raise ManifestError(f"{source}: not valid YAML: {shown_text(str(error), 600)}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
-        raise ManifestError(f"{source}: the top level must map op class names to entries")
+        raise ManifestError(f"{source}: the top level must map op class names to entries, got {shown(document)}")
     return {op: _entry(op, value, source) for op, value in document.items()}
 
 

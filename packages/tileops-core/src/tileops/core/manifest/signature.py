@@ -1,8 +1,9 @@
 """The checks an op runs on every call, derived once per op class from its manifest entry.
 
 ``Signature.bind_params`` checks construction arguments; ``Signature.bind`` checks a call's
-tensors (presence, dtype, shape, device, contiguity, output buffers) and returns a
-``BoundCall``; ``Signature.empty_result`` builds the outputs of a call that writes nothing.
+tensors (presence, kind, dtype, shape, device, contiguity, output buffers, and that no tensor
+the call writes shares memory with another of its tensors) and returns a ``BoundCall``;
+``Signature.empty_result`` builds the outputs of a call that writes nothing.
 Every failure is an ``OpArgumentError`` naming the op, the argument, what the signature
 declares and what came. Expressions were compiled by the loader; nothing is parsed here.
 """
@@ -15,8 +16,8 @@ from typing import Any
 import torch
 
 from ..errors import OpArgumentError
-from .expressions import evaluate
 from .loader import OpEntry, ParamDecl, TensorDecl, param_value
+from .quoting import shown
 from .shapes import given
 
 
@@ -34,6 +35,46 @@ class BoundCall:
         self.dims: dict[str, Any] = dims
         self.output_shapes: tuple[tuple[int, ...], ...] = output_shapes
         self.output_dtypes: tuple[torch.dtype, ...] = output_dtypes
+
+
+def unsupported_kind(tensor: torch.Tensor) -> str | None:
+    """What kind of tensor ``tensor`` is when no op takes it (sparse, nested, wrapped by a
+    torch.func transform such as ``torch.vmap``), or None for a plain dense tensor."""
+    if tensor.is_nested:
+        return "a nested tensor"
+    if tensor.layout is not torch.strided:
+        return f"a {str(tensor.layout).removeprefix('torch.')} tensor (layout {tensor.layout})"
+    if torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        return "a tensor wrapped by a torch.func transform (torch.vmap, grad, jacrev...)"
+    return None
+
+
+def _memory_span(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """[first, last] byte address ``tensor`` may touch, or None when it touches no memory
+    (empty, or on the meta device)."""
+    if tensor.numel() == 0 or tensor.device.type == "meta":
+        return None
+    start = tensor.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return start, start + (last + 1) * tensor.element_size() - 1
+
+
+def overlapping(written: Sequence[tuple[str, torch.Tensor]], read: Sequence[tuple[str, torch.Tensor]]):
+    """The names of the first pair of tensors that share memory, where one of each pair is in
+    ``written`` (tensors the call writes) and the other in ``written`` or ``read``; or None.
+
+    Spans are compared by address, so views of one storage and distinct storages over the
+    same memory are both caught; two interleaved views (``t[::2]`` and ``t[1::2]``) count as
+    overlapping, which only refuses a call that the rule would otherwise have to reason about.
+    """
+    spans = [(name, tensor.device, _memory_span(tensor)) for name, tensor in [*written, *read]]
+    for i, (name, device, span) in enumerate(spans[: len(written)]):
+        if span is None:
+            continue
+        for other, other_device, other_span in spans[i + 1 :]:
+            if other_span is not None and other_device == device and span[0] <= other_span[1] and other_span[0] <= span[1]:
+                return name, other
+    return None
 
 
 def _dtype_text(dtypes: Sequence[torch.dtype]) -> str:
@@ -57,7 +98,7 @@ class _ParamCheck:
             except ValueError as error:
                 expected = str(error)
         raise OpArgumentError(
-            f"{self.op}: {self.kind} {self.decl.name!r} expected {expected}, got {value!r} ({type(value).__name__})"
+            f"{self.op}: {self.kind} {self.decl.name!r} expected {expected}, got {shown(value)} ({type(value).__name__})"
         )
 
 
@@ -99,9 +140,9 @@ class Signature:
             else:
                 params[decl.name] = decl.default
         for constraint in self.entry.constraints:
-            if constraint.at_construction and not evaluate(constraint.code, params):
-                shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
-                raise OpArgumentError(f"{self.op}: {constraint.message} (params: {shown}; rule: {constraint.text})")
+            if constraint.at_construction and not constraint.holds(params):
+                values = ", ".join(f"{k}={shown(v)}" for k, v in params.items())
+                raise OpArgumentError(f"{self.op}: {constraint.message} (params: {values}; rule: {constraint.text})")
         return params
 
     def check_exec_arg(self, name: str, value: Any) -> Any:
@@ -109,8 +150,12 @@ class Signature:
         return self._exec_checks[name](value)
 
     # -- call ---------------------------------------------------------------------------
-    def bind(self, params: Mapping[str, Any], args: tuple, kwargs: dict) -> BoundCall:
-        """Check one call's arguments against the signature."""
+    def bind(self, params: Mapping[str, Any], args: tuple, kwargs: dict, *, check_overlap: bool = True) -> BoundCall:
+        """Check one call's arguments against the signature.
+
+        ``check_overlap=False`` skips the shared-memory rule (traced calls: their tensors are
+        fake and have no addresses; the compiled graph's eager call checks it).
+        """
         entry = self.entry
         n_inputs = len(self.input_names)
         if len(args) > n_inputs:
@@ -137,7 +182,11 @@ class Signature:
                     f"{self.op}: unexpected argument {name!r}; it takes inputs {', '.join(self.input_names)}"
                     + (f" and output buffers {', '.join(self.out_keywords)}" if self.out_keywords else "")
                     + (f" and execution arguments {', '.join(self._exec_checks)}" if self._exec_checks else "")
-                    + " (params are given when the op is constructed)"
+                    + (
+                        f" ({name} is a param: it is given when the op is constructed, {self.op}(..., {name}=...))"
+                        if any(param.name == name for param in entry.params)
+                        else ""
+                    )
                 )
 
         first = values[0]
@@ -154,6 +203,7 @@ class Signature:
                 continue
             if not isinstance(tensor, torch.Tensor):
                 self._missing_or_wrong(decl, tensor)
+            self._check_kind(f"argument {decl.name!r}", tensor)
             self._check_dtype(decl, tensor, values)
             self._check_shape(decl, tensor, values, dims, scope)
             if decl.cpu:
@@ -179,8 +229,30 @@ class Signature:
         shapes, dtypes = self._output_layout(values, dims, params)
         for keyword, buffer in outs.items():
             self._check_out_buffer(keyword, buffer, shapes, dtypes, device)
+        if check_overlap and (outs or self._written_inputs):
+            self.check_no_overlap(values, outs)
         # Execution arguments travel with the output buffers: both reach implementations as keywords.
         return BoundCall(tuple(values), {**outs, **execution}, device, dims, shapes, dtypes)
+
+    def written_and_read(self, inputs: Sequence[Any], outs: Mapping[str, torch.Tensor]):
+        """(name, tensor) of what a call writes (written inputs, output buffers) and of what it
+        only reads."""
+        written = [(f"output buffer {k!r}", t) for k, t in outs.items()]
+        read = []
+        for decl, tensor in zip(self.entry.inputs, inputs):
+            if tensor is not None:
+                (written if decl.written else read).append((f"argument {decl.name!r}", tensor))
+        return written, read
+
+    def check_no_overlap(self, inputs: Sequence[Any], outs: Mapping[str, torch.Tensor]) -> None:
+        """Refuse a call in which a tensor it writes shares memory with another of its tensors."""
+        pair = overlapping(*self.written_and_read(inputs, outs))
+        if pair is not None:
+            raise OpArgumentError(
+                f"{self.op}: {pair[0]} and {pair[1]} share memory; a tensor the op writes must not overlap "
+                "any other tensor of the call (pass a separate buffer; an op that computes in place "
+                "declares a written input and an output that aliases it)"
+            )
 
     def writes_nothing(self, call: BoundCall) -> bool:
         """True when every tensor the call writes is empty (so no implementation must run)."""
@@ -206,21 +278,32 @@ class Signature:
         return results[0] if len(results) == 1 else tuple(results)
 
     def check_result(self, result: Any, call: BoundCall, producer: str):
-        """Cheap checks of what an implementation returned: count, type, shape and dtype."""
+        """Checks of what an implementation returned: the count of outputs, and each one a
+        tensor of the signature's shape and dtype on the call's device; an output the caller
+        passed a buffer for is that buffer, an output that aliases an input is that input."""
         if self._single_output:
-            if (
-                isinstance(result, torch.Tensor)
-                and result.shape == call.output_shapes[0]
-                and result.dtype is call.output_dtypes[0]
-            ):
+            if self._fits(0, result, call):
                 return result
         elif type(result) is tuple and len(result) == len(call.output_shapes):
-            for item, shape, dtype in zip(result, call.output_shapes, call.output_dtypes):
-                if not (isinstance(item, torch.Tensor) and item.shape == shape and item.dtype is dtype):
+            for index, item in enumerate(result):
+                if not self._fits(index, item, call):
                     break
             else:
                 return result
         raise OpArgumentError(self._result_problem(result, call, producer))
+
+    def _fits(self, index: int, item: Any, call: BoundCall) -> bool:
+        if not (
+            isinstance(item, torch.Tensor)
+            and item.shape == call.output_shapes[index]
+            and item.dtype is call.output_dtypes[index]
+            and item.device == call.device
+        ):
+            return False
+        decl = self.entry.outputs[index]
+        if decl.aliases:
+            return item is call.inputs[self._aliased[index]]
+        return decl.out is None or call.outs.get(decl.out, item) is item
 
     def _result_problem(self, result: Any, call: BoundCall, producer: str) -> str:
         outputs = self.entry.outputs
@@ -230,13 +313,26 @@ class Signature:
                 f"{self.op}: {producer} returned {type(result).__name__}, but the signature declares "
                 f"{len(outputs)} output(s): {', '.join(t.name for t in outputs)}"
             )
-        for decl, item, shape, dtype in zip(outputs, items, call.output_shapes, call.output_dtypes):
-            if not (isinstance(item, torch.Tensor) and item.shape == shape and item.dtype is dtype):
-                got = f"{tuple(item.shape)} {item.dtype}" if isinstance(item, torch.Tensor) else type(item).__name__
+        for index, (decl, item) in enumerate(zip(outputs, items)):
+            if self._fits(index, item, call):
+                continue
+            shape, dtype = tuple(call.output_shapes[index]), call.output_dtypes[index]
+            if not isinstance(item, torch.Tensor):
+                got = type(item).__name__
+            else:
+                got = f"{tuple(item.shape)} {item.dtype} on {item.device}"
+            expected = f"{shape} {dtype} on {call.device}"
+            if isinstance(item, torch.Tensor) and got == expected:
+                if decl.aliases:
+                    return (
+                        f"{self.op}: {producer} returned output {decl.name!r} as a new tensor; it aliases "
+                        f"input {decl.aliases!r} and must be that tensor, written in place"
+                    )
                 return (
-                    f"{self.op}: {producer} returned output {decl.name!r} as {got}; the signature gives "
-                    f"{tuple(shape)} {dtype}"
+                    f"{self.op}: {producer} returned output {decl.name!r} as a new tensor instead of the "
+                    f"buffer passed as {decl.out}= (the buffer was left as it was); fill and return the buffer"
                 )
+            return f"{self.op}: {producer} returned output {decl.name!r} as {got}; the signature gives {expected}"
         return f"{self.op}: {producer} returned an unexpected result"
 
     # -- pieces ----------------------------------------------------------------------------
@@ -244,6 +340,14 @@ class Signature:
         if value is None:
             raise OpArgumentError(f"{self.op}: missing required input {decl.name!r}")
         raise OpArgumentError(f"{self.op}: argument {decl.name!r} expected a torch.Tensor, got {type(value).__name__}")
+
+    def _check_kind(self, what: str, tensor: torch.Tensor) -> None:
+        kind = unsupported_kind(tensor)
+        if kind is not None:
+            raise OpArgumentError(
+                f"{self.op}: {what} is {kind}; ops take dense (strided) tensors outside torch.func transforms "
+                "(convert it, e.g. with .to_dense(), or call the op outside the transform)"
+            )
 
     def _check_dtype(self, decl: TensorDecl, tensor: torch.Tensor, values: list) -> None:
         if decl.dtypes is not None:
@@ -282,9 +386,9 @@ class Signature:
             if constraint.at_construction:
                 continue
             namespace = namespace or {**params, **dims}
-            if not evaluate(constraint.code, namespace):
-                shown = ", ".join(f"{k}={v!r}" for k, v in dims.items())
-                raise OpArgumentError(f"{self.op}: {constraint.message} (bound: {shown}; rule: {constraint.text})")
+            if not constraint.holds(namespace):
+                values = ", ".join(f"{k}={shown(v)}" for k, v in dims.items())
+                raise OpArgumentError(f"{self.op}: {constraint.message} (bound: {values}; rule: {constraint.text})")
 
     def _output_layout(self, values: list, dims: dict, params: Mapping[str, Any]):
         shapes, dtypes = [], []
@@ -305,6 +409,7 @@ class Signature:
         shape, dtype = shapes[index], dtypes[index]
         if not isinstance(buffer, torch.Tensor):
             raise OpArgumentError(f"{self.op}: output buffer {keyword!r} expected a torch.Tensor, got {type(buffer).__name__}")
+        self._check_kind(f"output buffer {keyword!r}", buffer)
         if tuple(buffer.shape) != shape or buffer.dtype != dtype:
             raise OpArgumentError(
                 f"{self.op}: output buffer {keyword!r} expected shape {shape} and dtype {dtype}, "

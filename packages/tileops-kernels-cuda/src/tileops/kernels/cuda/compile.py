@@ -2,15 +2,24 @@
 disk cache, ``TILELANG_CACHE_DIR``, keeps them across processes), one compiled kernel per rank
 of the tensors a kernel is called with, and the entry function a launch calls.
 
-Importing this module does not import tilelang; the first compilation does.
+Importing this module does not import tilelang; the first compilation does. Compile messages
+are TileOPs' own: one line on stderr per kernel built, saying what and how long (none while a
+progress bar stands for the builds, as tuning draws). TileLang's INFO log lines are quieted when
+it is first imported here; ``TILEOPS_TILELANG_LOG=1`` leaves TileLang's logging as TileLang sets it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
 import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
+
+from . import progress
 
 _compiled: dict[tuple, Any] = {}
 # One lock per build identity, so that different identities (tuning candidates) compile in
@@ -32,10 +41,37 @@ def compile_once(identity: Hashable, make_program: Callable[[], Any], target: di
     with lock:
         kernel = _compiled.get(key)
         if kernel is None:
-            import tilelang
-
+            tilelang = _import_tilelang()
+            started = time.perf_counter()
             kernel = _compiled[key] = tilelang.compile(make_program(), target=target)
+            if not progress.drawing():
+                sys.stderr.write(
+                    f"tileops: built kernel {_described(identity)} for {' '.join(map(str, target.values()))} "
+                    f"in {time.perf_counter() - started:.1f} s\n"
+                )
     return kernel
+
+
+def _import_tilelang() -> Any:
+    import tilelang
+
+    if os.environ.get("TILEOPS_TILELANG_LOG", "") in ("", "0"):
+        # TileLang logs each compilation's stages at INFO to stderr; ours is the line above.
+        logging.getLogger("tilelang").setLevel(logging.WARNING)
+    return tilelang
+
+
+def _described(identity: Hashable) -> str:
+    """A build identity as words: its scalars, and its (name, value) pairs as name=value."""
+    if not isinstance(identity, tuple):
+        return str(identity)
+    words = []
+    for part in identity:
+        if isinstance(part, tuple) and all(isinstance(item, tuple) and len(item) == 2 for item in part):
+            words.extend(f"{name}={value}" for name, value in part)
+        else:
+            words.append(str(part))
+    return " ".join(words)
 
 
 class CompiledByRank(dict):

@@ -4,6 +4,16 @@
 from __future__ import annotations
 
 import sys
+import threading
+
+# How many bars are drawn now; while one is, the per-kernel build lines stay quiet (``compile``).
+_drawn = 0
+_drawn_lock = threading.Lock()
+
+
+def drawing() -> bool:
+    """Whether a progress bar is being drawn on stderr now."""
+    return _drawn > 0
 
 
 class Progress:
@@ -12,7 +22,10 @@ class Progress:
     _WIDTH = 24
 
     def __init__(self, what: str, total: int) -> None:
+        global _drawn
         self.what, self.total, self.done = what, total, 0
+        with _drawn_lock:
+            _drawn += 1
         self._draw(None)
 
     def advance(self, best_us: float | None) -> None:
@@ -29,5 +42,8 @@ class Progress:
 
     def finish(self, outcome: str) -> None:
         """Replace the bar by ``tuning <what>: <outcome>`` and end the line."""
+        global _drawn
+        with _drawn_lock:
+            _drawn -= 1
         sys.stderr.write(f"\rtuning {self.what}: {outcome}\n")
         sys.stderr.flush()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import tempfile
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tileops.core import gpu_time_us
+from tileops.core import gpu_time_us, shown
 
 from .device import cache_root
 from .progress import Progress
@@ -67,14 +68,16 @@ def _problem(config: Any) -> str | None:
         return f"a {type(config).__name__}, not an object"
     for name, value in config.items():
         if not isinstance(value, _VALUE_TYPES):
-            return f"{name!r} holds a {type(value).__name__}"
+            return f"{shown(name)} holds a {type(value).__name__}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{shown(name)} holds {value}"
     return None
 
 
 def _mismatch(config: dict[str, Any], like: dict[str, Any]) -> str | None:
     """Why ``config`` is not a configuration of the kernel whose default is ``like``, or None."""
     if set(config) != set(like):
-        return f"its keys {sorted(config)} are not the kernel's {sorted(like)}"
+        return f"its keys {shown(sorted(config))} are not the kernel's {sorted(like)}"
     for name, value in like.items():
         stored = config[name]
         # JSON writes 2.0 as 2.0 but a float field may hold an integral value written as 2.
@@ -90,8 +93,11 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
         stored = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as error:
-        _warn(f"tuned configurations in {path} were not read ({error}); tuning will replace the file")
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        _warn(f"tuned configurations in {path} were not read ({shown(str(error), 200)}); tuning will replace the file")
+        return {}
+    except RecursionError:  # JSON nested deeper than the parser recurses
+        _warn(f"tuned configurations in {path} were not read (nested too deeply); tuning will replace the file")
         return {}
     if not isinstance(stored, dict):
         _warn(f"tuned configurations in {path} were not read (expected a JSON object, found "
@@ -103,7 +109,7 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
         if problem is None:
             entries[key] = config
         else:
-            _warn(f"the tuned configuration {key!r} in {path} is ignored ({problem}); tuning will replace it")
+            _warn(f"the tuned configuration {shown(key)} in {path} is ignored ({problem}); tuning will replace it")
     return entries
 
 
@@ -146,7 +152,7 @@ def chosen(gpu_model: str, key: str, like: dict[str, Any]) -> dict[str, Any] | N
                   "tuning will replace it")
             del _chosen[(gpu_model, key)]
             return None
-        return config
+        return {name: type(like[name])(value) for name, value in config.items()}  # 2 for a float field: 2.0
 
 
 def remember(gpu_model: str, key: str, config: dict[str, Any]) -> None:
@@ -212,6 +218,7 @@ def tune(
                     failures.append(f"{candidates[index]}: {type(error).__name__}: {error}")
             progress.advance(min(timings)[0] if timings else None)
         if not timings:
+            progress.finish("no candidate ran")
             raise RuntimeError(f"tuning {what}: no candidate ran:\n" + "\n".join(sorted(failures)))
         best_us, best = min(timings)
         default_us = next((us for us, index in timings if index == 0), None)
