@@ -722,3 +722,35 @@ def test_the_command_runs_from_a_source_tree_where_no_distribution_is_installed(
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == "tileops from a source tree (tileops-ops is not installed)"
+
+
+def test_check_checks_only_the_named_ops_and_the_calls_their_flags_describe(capsys):
+    code, out = run_cli(capsys, "check", "RMSNormFwdOp", "--param", "eps=1e-6", "--shape", "8x4096", "--dtype", "float16")
+    assert code == 0
+    assert out.splitlines() == ["OK    RMSNormFwdOp (norm.yaml)", "1 manifest file(s), 1 op(s): all OK"]
+
+
+def test_check_fails_an_op_that_refuses_the_described_call_with_the_ops_own_message(capsys):
+    code, out = run_cli(capsys, "check", "LayerNormFwdOp", "--param", "normalized_shape=4096", "--shape", "8x1024", "--dtype", "bfloat16")
+    assert code == 1
+    assert (
+        "FAIL  LayerNormFwdOp: bfloat16: workload 'shape-8x1024': LayerNormFwdOp: argument 'x' expected shape "
+        "[..., *normalized_shape] with normalized_shape=(4096,), got (8, 1024)"
+    ) in out
+
+
+def test_check_with_an_omitted_input_checks_every_workload_without_it(capsys):
+    code, result = run_json(capsys, "check", "--omit", "weight")
+    assert code == 0 and result["ok"] and len(result["ops"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["check", "NoSuchOp"], "no op is named 'NoSuchOp'"),
+        (["check", "--manifest", "x.yaml", "--param", "eps=1"], "--manifest validates files"),
+    ],
+)
+def test_check_refuses_flags_it_cannot_apply_in_one_line(capsys, argv, message):
+    code, out = run_cli(capsys, *argv)
+    assert code == 2 and message in out and len(out.strip().splitlines()) == 1

@@ -25,11 +25,13 @@ from tileops.core import registry
 from tileops.core.discovery import load_backends
 from tileops.core.errors import TileOpsError
 from tileops.core.manifest import OpEntry, Signature
-from tileops.core.manifest.loader import parse_manifest
+from tileops.core.manifest.loader import DTYPES, parse_manifest
 from tileops.core.op import Op, constructor_mismatch
 from tileops.ops import FAMILIES
 
-from .output import print_json
+from . import call_flags
+from .call_flags import CallFlags
+from .output import UsageError, print_json, shape_argument
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,10 +39,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         "check",
         description=(
             "Load every shipped manifest file strictly and check each op class against its "
-            "entry; print one line per op and exit 1 on any problem. With --manifest, validate "
-            "those files instead (loading only: their entries are not checked against op classes)."
+            "entry; print one line per op and exit 1 on any problem. Naming OPs checks only "
+            "those; --param, --omit, --shape and --dtype also check that the ops accept the call "
+            "they describe (each manifest workload with those params and inputs, or the shapes "
+            "given). With --manifest, validate those files instead (loading only: their entries "
+            "are not checked against op classes)."
         ),
     )
+    parser.add_argument("ops", nargs="*", metavar="OP", help="check only these ops (class names)")
+    parser.add_argument(
+        "--shape", action="append", type=shape_argument, help="check a call whose first input has this shape (repeatable)"
+    )
+    call_flags.add_arguments(parser)
+    parser.add_argument("--dtype", action="append", choices=list(DTYPES), help="check calls in these dtypes (default: each workload's)")
     parser.add_argument(
         "--manifest",
         metavar="PATH",
@@ -183,15 +194,49 @@ def _workload_problems(entry: OpEntry) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    flags = CallFlags.of(args)
+    describes_calls = bool(flags.params or flags.omitted or args.shape or args.dtype)
     if args.manifest:
+        if args.ops or describes_calls:
+            raise UsageError("--manifest validates files; OP, --param, --omit, --shape and --dtype check the shipped ops")
         result = check_files(args.manifest, against_op_classes=False)
     else:
+        named = {call_flags.op_class_named(name).__name__ for name in args.ops}
         result = check_files(shipped_manifest_files(), against_op_classes=True)
+        if named:
+            result["ops"] = [op for op in result["ops"] if op["op"] in named]
+        if describes_calls:
+            for op in result["ops"]:
+                op["problems"] += _call_problems(call_flags.op_class_named(op["op"]), flags, args.shape, args.dtype)
+        result["ok"] = not any(f["error"] for f in result["files"]) and not any(op["problems"] for op in result["ops"])
+        result["ok"] = result["ok"] and not result["registrations"]
     if args.json:
         print_json(result)
     else:
         print("\n".join(_text(result)))
     return 0 if result["ok"] else 1
+
+
+def _call_problems(op_class: type[Op], flags: CallFlags, shapes: list | None, dtypes: list | None) -> list[str]:
+    """Why ``op_class`` would refuse the calls the flags describe: each manifest workload with
+    the flags' params and inputs, or one call per shape; in each dtype asked for, else each
+    workload's own."""
+    try:
+        workloads = (
+            [flags.workload(op_class, shape=shape) for shape in shapes]
+            if shapes
+            else [flags.workload(op_class, template=w) for w in op_class.manifest_entry().workloads]
+        )
+    except UsageError as error:
+        return [str(error)]
+    problems = []
+    for workload in workloads:
+        for dtype in [DTYPES[name] for name in dtypes] if dtypes else workload.dtypes:
+            try:
+                call_flags.check_call(op_class, workload, dtype)
+            except UsageError as error:
+                problems.append(f"{str(dtype).removeprefix('torch.')}: {error}")
+    return problems
 
 
 def _text(result: dict[str, Any]) -> list[str]:
