@@ -350,3 +350,32 @@ def test_a_target_kernel_returning_a_view_of_its_input_is_copied_out_of_compiled
     got = torch.compile(lambda x: op(x), fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(got, x) and got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert_still_works(RMSNormFwdOp(N))
+
+
+# -- a registered kernel type's result delivered into out= ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wrong", "shown"),
+    [(lambda y: y.double(), "torch.float64"), (lambda y: y.to("meta"), "on meta")],
+    ids=["float64", "meta"],
+)
+def test_a_kernel_types_result_of_another_dtype_or_device_is_not_copied_into_out(scoped_registry, wrong, shown):
+    class _Wrong(Kernel, RMSNormFwdInterface):
+        devices = frozenset({"cpu"})
+        preferred_over = frozenset({"torch_cpu", "acme_short_rows"})
+
+        @classmethod
+        def entry_for(cls, call):
+            return call.n, cls
+
+        def forward(self, x, weight):
+            return wrong(F.rms_norm(x, (x.shape[-1],), weight))
+
+    register_kernel_type("RMSNormFwdOp", "wrong_result", _Wrong)
+    op = RMSNormFwdOp(N)
+    x, out = torch.randn(3, N), torch.full((3, N), 7.0)
+    assert_refused(OpArgumentError, lambda: op(x, out=out), "RMSNormFwdOp", "'y'", shown)
+    assert torch.equal(out, torch.full((3, N), 7.0))  # the caller's buffer is not written with a cast
+    y, total = FusedAddRMSNormFwdOp(N)(x, x)  # other ops are untouched by the faulty kernel type
+    torch.testing.assert_close(total, x + x)

@@ -95,11 +95,17 @@ class _NormOp(Op):
         """The kernel's ``result`` (shaped like ``rows``) in the caller's shape, written to ``out``
         if given.
 
-        A result of another shape (a backend's implementation breaking the interface's contract)
-        is returned as it is, for the op's result check to report: reshaping it would raise a
-        bare RuntimeError, and copying it into ``out`` could broadcast it silently.
+        A result of another shape, dtype or device (a backend's implementation breaking the
+        interface's contract) is returned as it is, for the op's result check to report:
+        reshaping it would raise a bare RuntimeError, and copying it into ``out`` could
+        broadcast, cast or move it silently.
         """
-        if not (isinstance(result, torch.Tensor) and result.shape == rows.shape):
+        if not (
+            isinstance(result, torch.Tensor)
+            and result.shape == rows.shape
+            and result.dtype == x.dtype
+            and result.device == x.device
+        ):
             return result
         if rows is not x:
             result = result.view_as(x)  # a third of the cost of view(x.shape)
