@@ -129,6 +129,142 @@ def test_a_failing_backend_import_undoes_its_own_registrations_and_never_another
     assert any("slowfail-dist" in w for w in report["warnings"])
 
 
+# -- threads a backend's import starts belong to that backend ----------------------------------
+THREAD_STARTING_FAILING = """
+    import threading
+    import torch.nn.functional as F
+    import probe_sync
+    from tileops.backend import register_detector, register_kernel_builder
+
+    def helper():  # started by the worker: a thread of a thread of the import
+        register_detector(target="threadfail", detect=lambda device: False)
+
+    def worker():
+        register_kernel_builder(op="RMSNormFwdOp", target="threadfail",
+                                build_kernel=lambda x, w, **p: (lambda x, w, **o: F.rms_norm(x, (8,)) + 1))
+        nested = threading.Thread(target=helper)
+        nested.start()
+        nested.join()
+        probe_sync.registered.set()
+        probe_sync.import_failed.wait(30)
+        try:  # after its backend's import failed
+            register_kernel_builder(op="LayerNormFwdOp", target="threadlate",
+                                    build_kernel=lambda x, w, b, **p: (lambda x, w, b, **o: x))
+            probe_sync.late.append("registered")
+        except Exception as error:
+            probe_sync.late.append(f"{type(error).__name__}: {error}")
+
+    probe_sync.worker = threading.Thread(target=worker, name="threadfail-worker")
+    probe_sync.worker.start()
+    assert probe_sync.registered.wait(30)
+    raise ImportError("threadfail's driver is missing")
+"""
+
+
+def test_registrations_by_threads_a_failing_backend_import_started_are_undone_with_it(tmp_path):
+    _install(tmp_path / "site", "threadfail", THREAD_STARTING_FAILING, distribution="threadfail-dist")
+    report = _probe(tmp_path, """
+        import types
+        probe_sync = sys.modules["probe_sync"] = types.SimpleNamespace(
+            registered=threading.Event(), import_failed=threading.Event(), late=[])
+        from tileops.backend import load_failures, registered_targets
+        from tileops.ops import RMSNormFwdOp
+        original_start = threading.Thread.start
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            op = RMSNormFwdOp(8)  # imports the backends
+        report["targets_after_import"] = registered_targets()
+        probe_sync.import_failed.set()
+        probe_sync.worker.join(30)
+        report["late"] = probe_sync.late
+        report["targets"] = registered_targets()
+        report["failures"] = [str(f) for f in load_failures()]
+        report["start_restored"] = threading.Thread.start is original_start
+        op(torch.randn(2, 8))
+        report["bound"] = op.target
+    """)
+    assert "threadfail" not in report["targets_after_import"] and "threadfail" not in report["targets"]
+    (late,) = report["late"]
+    assert late.startswith("BackendError: ") and "threadfail-worker" in late
+    assert "'threadfail'" in late and "threadfail-dist" in late and "failed" in late
+    assert "threadlate" not in report["targets"]
+    (failure,) = report["failures"]
+    assert "threadfail-dist" in failure and "ImportError" in failure
+    assert report["start_restored"] and report["bound"] == "builtin"
+
+
+THREAD_STARTING = """
+    import threading
+    from tileops.backend import register_kernel_builder
+
+    def worker():
+        register_kernel_builder(op="RMSNormFwdOp", target="threaded", build_kernel=lambda x, w, **p: (lambda x, w, **o: x.clone()))
+
+    started = threading.Thread(target=worker)
+    started.start()
+    started.join()
+"""
+
+
+def test_registrations_by_threads_a_backend_import_started_are_that_backends(tmp_path):
+    _install(tmp_path / "site", "threaded", THREAD_STARTING, distribution="threaded-dist")
+    report = _probe(tmp_path, """
+        from tileops.core import registry
+        from tileops.ops import RMSNormFwdOp
+        x = torch.randn(2, 8)
+        report["result_ok"] = bool(torch.equal(RMSNormFwdOp(8, target="threaded")(x), x))
+        report["registrant"] = registry.builder("RMSNormFwdOp", "threaded").registrant()
+    """)
+    assert report["result_ok"]
+    assert "backend 'threaded'" in report["registrant"] and "threaded-dist" in report["registrant"]
+
+
+# -- a distribution whose entry points cannot be read ------------------------------------------
+GOOD_NEIGHBOUR = """
+    from tileops.backend import register_kernel_builder
+    register_kernel_builder(op="RMSNormFwdOp", target="neighbour", build_kernel=lambda x, w, **p: (lambda x, w, **o: x.clone()))
+"""
+
+
+@pytest.mark.parametrize(
+    ("entry_points", "error"),
+    [(b"[tileops.backends]\nbroken\n", "TypeError"), (b"\xff\xfe[tileops.backends]\x00", "UnicodeDecodeError")],
+    ids=["line-without-equals", "not-utf8"],
+)
+def test_a_distribution_with_an_unreadable_entry_points_file_is_a_load_failure_naming_it(tmp_path, entry_points, error):
+    _install(tmp_path / "site", "neighbour", GOOD_NEIGHBOUR, distribution="neighbour-dist")
+    # Any distribution, backend or not: discovery reads them all. torch's own import reads every
+    # distribution's entry points too (and fails on this one), so the probe puts its folder on
+    # the path after importing torch, as an application adding a plugin folder would.
+    info = tmp_path / "late-site" / "garbled_dist-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: garbled-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_bytes(entry_points)
+    report = _probe(tmp_path, f"""
+        sys.path.insert(0, {str(info.parent)!r})
+        from tileops.backend import load_failures, registered_targets
+        from tileops.cli.list_backends import describe_backends
+        from tileops.ops import RMSNormFwdOp
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            op = RMSNormFwdOp(8)
+        x = torch.randn(2, 8)
+        report["neighbour_ok"] = bool(torch.equal(RMSNormFwdOp(8, target="neighbour")(x), x))
+        op(x)
+        report["bound"] = op.target
+        report["failures"] = [(type(f.error).__name__, f.distribution, str(f)) for f in load_failures()]
+        report["warned"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        report["listed"] = [f["distribution"] for f in describe_backends()["load_failures"]]
+        report["targets"] = registered_targets()
+    """)
+    ((error_type, distribution, failure),) = report["failures"]
+    assert error_type == error and distribution == "garbled-dist"
+    assert "garbled-dist" in failure and "entry_points.txt" in failure and "cannot be read" in failure
+    assert len(report["warned"]) == 1 and "garbled-dist" in report["warned"][0]
+    assert report["listed"] == ["garbled-dist"]
+    assert report["neighbour_ok"] and "neighbour" in report["targets"] and report["bound"] == "builtin"
+
+
 def test_an_undo_step_removes_only_the_registration_it_was_recorded_for(scoped_registry):
     register_detector(target="reused", detect=lambda device: False)
     current = registry.detectors()["reused"]

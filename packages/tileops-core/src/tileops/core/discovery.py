@@ -2,8 +2,8 @@
 
 Backends are imported once per process, when the first op is constructed (or when a public
 query needs them). A backend whose import fails (any exception, ``SystemExit`` included) has
-every registration its import made undone, a ``RuntimeWarning`` is emitted, and the failure is
-kept for ``load_failures()``.
+every registration its import made undone (those of threads the import started too), a
+``RuntimeWarning`` is emitted, and the failure is kept for ``load_failures()``.
 
 One thread imports the backends; a thread that needs them meanwhile waits for it, except a
 thread started by the import under way: the import may be waiting for that thread, so after
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import re
 import sys
 import threading
 import time
@@ -29,7 +30,8 @@ ENTRY_POINT_GROUP = "tileops.backends"
 
 @dataclasses.dataclass(frozen=True)
 class LoadFailure:
-    """A backend entry point whose import raised."""
+    """A backend entry point whose import raised, or (``name`` empty, ``value`` the file) a
+    distribution whose entry points cannot be read, so its backends, if any, are unknown."""
 
     name: str
     value: str
@@ -39,6 +41,11 @@ class LoadFailure:
 
     def __str__(self) -> str:
         dist = f" (distribution {self.distribution})" if self.distribution else ""
+        if not self.name:
+            return (
+                f"the entry points of an installed distribution{dist} cannot be read ({self.value}), so the "
+                f"backends it declares are not loaded: {type(self.error).__name__}: {self.error}"
+            )
         return f"backend {self.name!r} = {self.value!r}{dist} failed to import: {type(self.error).__name__}: {self.error}"
 
 
@@ -83,9 +90,7 @@ def load_backends() -> None:
         _state["loading"] = True
         try:
             tried = {(b.name, b.value) for b in _loaded} | {(f.name, f.value) for f in _failures}
-            for entry_point in sorted(
-                importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name
-            ):
+            for entry_point in sorted(_entry_points(), key=lambda ep: ep.name):
                 if (entry_point.name, entry_point.value) not in tried:
                     _load_one(entry_point)
             _state["done"] = True
@@ -93,6 +98,43 @@ def load_backends() -> None:
             _state["loading"] = False
     finally:
         _lock.release()
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The group's entry points of every installed distribution (the first of a name on the
+    path, as ``importlib.metadata.entry_points`` does).
+
+    Read one distribution at a time: ``importlib.metadata.entry_points`` raises for the whole
+    group when any distribution's ``entry_points.txt`` is corrupt (a line without ``=``, bytes
+    that are not UTF-8), whichever package it belongs to; here that distribution becomes a load
+    failure naming it and the others load.
+    """
+    found, seen = [], set()
+    for dist in importlib.metadata.distributions():
+        try:
+            name = dist.metadata["Name"]
+            normalized = re.sub(r"[-_.]+", "-", name).lower() if isinstance(name, str) else None
+            if normalized is not None and normalized in seen:
+                continue
+            seen.add(normalized)
+            found.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
+        except Exception as error:  # noqa: BLE001 - one broken distribution must not hide the others
+            _record_unreadable(dist, error)
+    return found
+
+
+def _record_unreadable(dist: importlib.metadata.Distribution, error: Exception) -> None:
+    try:
+        name = dist.metadata["Name"]
+    except Exception:  # noqa: BLE001 - its metadata may be what is broken
+        name = None
+    folder = getattr(dist, "_path", None)  # where a distribution on a path keeps its files
+    where = os.path.join(str(folder), "entry_points.txt") if folder is not None else "entry_points.txt"
+    if any((f.name, f.value) == ("", where) for f in _failures):
+        return  # reported when discovery first read it
+    failure = LoadFailure("", where, name, error, traceback.format_exc())
+    _failures.append(failure)
+    warnings.warn(f"TileOPs: {failure}", RuntimeWarning, stacklevel=_first_frame_outside_tileops())
 
 
 def _acquire() -> None:
@@ -120,7 +162,7 @@ def _acquire() -> None:
 
 def _load_one(entry_point: importlib.metadata.EntryPoint) -> None:
     backend = LoadedBackend(entry_point.name, entry_point.value, _distribution_name(entry_point))
-    journal.open(owner=backend)
+    journal.open(owner=backend, threads=True)
     _state["importing"] = (backend, threading.current_thread(), frozenset(threading.enumerate()))
     try:
         entry_point.load()
@@ -163,7 +205,7 @@ def failed_backends_note() -> str:
     """A sentence for dispatch errors when some backend failed to load, else ''."""
     if not _failures:
         return ""
-    names = ", ".join(repr(f.name) for f in _failures)
+    names = ", ".join(repr(f.name) if f.name else f"the entry points of {f.distribution or f.value}" for f in _failures)
     return (
         f" Note: {len(_failures)} installed backend(s) failed to load ({names}), so what they register is "
         "missing; see tileops.backend.load_failures() or `tileops backends`."

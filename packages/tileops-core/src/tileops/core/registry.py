@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,17 @@ from .errors import BackendError
 BUILTIN = "builtin"
 
 _lock = threading.RLock()
+
+
+class _Scope:
+    """One open (or closed) scope of the journal: its owner, its undo steps, how it ended."""
+
+    __slots__ = ("owner", "steps", "threads", "closed", "undone")
+
+    def __init__(self, owner: Any, threads: bool) -> None:
+        self.owner, self.threads = owner, threads
+        self.steps: list[Callable[[], None]] = []
+        self.closed = self.undone = False
 
 
 class _Journal:
@@ -32,34 +44,110 @@ class _Journal:
     meanwhile. Scopes nest: a backend imported while an outer scope is open stays registered
     when the outer scope is undone. A scope may name the backend it imports (``owner``), which
     each registration made in it records.
+
+    A scope opened with ``threads=True`` (a backend's import) also takes in the threads started
+    while it is open by its thread, and by those threads in turn: what they register is the
+    backend's, undone with it if its import fails, and a registration they attempt after that
+    failure is undone at once and refused with a ``BackendError`` naming the backend. Python
+    records no thread's parent, so while such a scope is open ``threading.Thread.start`` notes
+    the scope of the starting thread on the thread it starts.
     """
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self._lock = threading.Lock()
+        # A thread started inside a ``threads=True`` scope -> that scope.
+        self._adopted: weakref.WeakKeyDictionary[threading.Thread, _Scope] = weakref.WeakKeyDictionary()
+        self._watching = 0  # open ``threads=True`` scopes: Thread.start is wrapped while > 0
+        self._thread_start = threading.Thread.start
 
-    def _scopes(self) -> list[tuple[Any, list[Callable[[], None]]]]:
+    def _scopes(self) -> list[_Scope]:
         scopes = getattr(self._local, "scopes", None)
         if scopes is None:
             scopes = self._local.scopes = []
         return scopes
 
-    def open(self, owner: Any = None) -> None:
-        self._scopes().append((owner, []))
-
-    def record(self, undo: Callable[[], None]) -> None:
+    def _innermost(self) -> _Scope | None:
+        """The scope a registration on this thread goes to: its own innermost one, or else the
+        one the thread was started in."""
         scopes = self._scopes()
         if scopes:
-            scopes[-1][1].append(undo)
+            return scopes[-1]
+        with self._lock:
+            return self._adopted.get(threading.current_thread())
+
+    def open(self, owner: Any = None, *, threads: bool = False) -> None:
+        self._scopes().append(_Scope(owner, threads))
+        if threads:
+            with self._lock:
+                self._watching += 1
+                if self._watching == 1:
+                    self._thread_start = threading.Thread.start
+                    threading.Thread.start = _start_in_scope
+
+    def _adopt(self, thread: threading.Thread) -> None:
+        """Called by the wrapped ``Thread.start``: ``thread`` joins the starting thread's scope
+        when that scope takes in threads and is still open."""
+        scope = self._innermost()
+        if scope is not None and scope.threads:
+            with self._lock:
+                if not scope.closed:
+                    self._adopted[thread] = scope
+
+    def record(self, undo: Callable[[], None]) -> None:
+        scope = self._innermost()
+        if scope is None:
+            return
+        with self._lock:
+            if not scope.closed:
+                scope.steps.append(undo)
+                return
+            refused = scope.undone
+        if refused:  # a thread of a backend whose import failed: its registration does not stay
+            undo()
+            raise BackendError(
+                f"a registration by thread {threading.current_thread().name!r} was undone and refused: the thread "
+                f"was started during the import of {_describe_owner(scope.owner)}, which failed, so what it "
+                "registers is undone with it"
+            )
 
     def owner(self) -> Any:
-        """The owner of the innermost scope on this thread that names one, or None."""
-        return next((owner for owner, _ in reversed(self._scopes()) if owner is not None), None)
+        """The owner of the innermost scope on this thread that names one (or of the scope the
+        thread was started in), or None."""
+        owned = next((scope.owner for scope in reversed(self._scopes()) if scope.owner is not None), None)
+        if owned is None:
+            with self._lock:
+                adopted = self._adopted.get(threading.current_thread())
+            owned = adopted.owner if adopted is not None else None
+        return owned
 
     def close(self, *, undo: bool) -> None:
-        _, steps = self._scopes().pop()
+        scope = self._scopes().pop()
+        with self._lock:
+            # Closed and its steps taken under the lock, so a step recorded by a thread of the
+            # scope is either taken here or sees the scope closed.
+            scope.closed, scope.undone = True, undo
+            steps, scope.steps = scope.steps, []
+            if scope.threads:
+                self._watching -= 1
+                if self._watching == 0 and threading.Thread.start is _start_in_scope:
+                    threading.Thread.start = self._thread_start
         if undo:
             for step in reversed(steps):
                 step()
+
+
+def _start_in_scope(thread: threading.Thread) -> None:
+    """``threading.Thread.start`` while a ``threads=True`` scope is open."""
+    journal._adopt(thread)
+    journal._thread_start(thread)
+
+
+def _describe_owner(owner: Any) -> str:
+    if owner is None:
+        return "a scope of registrations"
+    distribution = f" of distribution {owner.distribution}" if getattr(owner, "distribution", None) else ""
+    return f"backend {getattr(owner, 'name', owner)!r}{distribution}"
 
 
 journal = _Journal()

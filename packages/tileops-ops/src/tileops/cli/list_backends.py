@@ -136,7 +136,9 @@ def _text(described: dict[str, Any], *, verbose: bool) -> list[str]:
     lines.append(f"load failures: {len(failures) or 'none'}")
     for failure in failures:
         distribution = f" (distribution {failure['distribution']})" if failure["distribution"] else ""
-        lines.append(f"  {failure['name']} = {failure['value']}{distribution}: {failure['error']}")
+        # A nameless failure is a distribution whose entry points could not be read at all.
+        declared = f"{failure['name']} = {failure['value']}" if failure["name"] else f"entry points unreadable: {failure['value']}"
+        lines.append(f"  {declared}{distribution}: {failure['error']}")
         if verbose:
             lines.extend("    " + line for line in failure["traceback"].rstrip().splitlines())
     if failures and not verbose:

@@ -38,10 +38,12 @@ class BoundCall:
 
 
 def unsupported_kind(tensor: torch.Tensor) -> str | None:
-    """What kind of tensor ``tensor`` is when no op takes it (sparse, nested, wrapped by a
-    torch.func transform such as ``torch.vmap``), or None for a plain dense tensor."""
+    """What kind of tensor ``tensor`` is when no op takes it (sparse, nested, mkldnn, wrapped by
+    a torch.func transform such as ``torch.vmap``), or None for a plain dense tensor."""
     if tensor.is_nested:
         return "a nested tensor"
+    if tensor.is_mkldnn:  # its layout's name, "_mkldnn", would read as a private detail
+        return "an mkldnn (oneDNN) tensor (layout torch._mkldnn)"
     if tensor.layout is not torch.strided:
         return f"a {str(tensor.layout).removeprefix('torch.')} tensor (layout {tensor.layout})"
     if torch._C._functorch.is_functorch_wrapped_tensor(tensor):
