@@ -3,6 +3,8 @@
 ``--shape 8192x7168`` times shapes of your own instead: the first input takes the shape and
 the others follow from the manifest's shape patterns (``tileops.testing.workload_for_shape``).
 ``--param NAME=VALUE`` and ``--omit NAME`` change every timed call's params and inputs.
+``--backward`` times training instead: forward+backward and backward alone, for the ops whose
+manifest declares a backward (``tileops.cli.bench_training``).
 
 Method (docs/performance.md): GPU time is measured by capturing ``CALLS`` back-to-back calls
 in one CUDA graph after a warm-up and replaying it; the median over replays, divided by the
@@ -10,7 +12,9 @@ calls, is the time of one call. The same method times torch eager and torch.comp
 entry's ``torch_api`` in the same run. Bandwidth is the roofline's bytes over GPU time,
 reported against the device-to-device copy bandwidth measured in the same run. For small
 shapes the host-inclusive call time of eager calls is reported too, TileOPs and torch eager
-timed in turns (best of many short loops). L2 is not flushed.
+timed in turns (best of many short loops). L2 is not flushed. The peer libraries a family
+declares (``tileops.cli.peers``; the ``bench`` extra installs them) are timed the same way,
+each in its own column, which says ``absent`` or ``refused: reason`` where there is no time.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import dataclasses
 import datetime
 import io
 import json
-import math
 import platform
 import statistics
 import subprocess
@@ -42,30 +45,14 @@ from tileops.testing import workload_inputs
 from . import call_flags
 from .call_flags import CallFlags
 from .output import UsageError, installed_version, shape_argument, without_markup
+from .bench_report import Row, _chart, geometric_means, machine_line, summary, table
+from .peers import Peers, time_cells
 
 CALLS = 40
 REPLAYS = 15
 SMALL_SHAPE_BYTES = 4 << 20  # below this, report the host-inclusive call time too
 CALLS_PER_LOOP = 100
 CALL_LOOPS = 100
-
-
-@dataclasses.dataclass
-class Row:
-    op: str
-    workload: str
-    dtype: str
-    shape: str
-    served_by: str
-    ours_us: float
-    eager_us: float | None
-    compile_us: float | None
-    bytes: int
-    ours_call_us: float | None = None
-    eager_call_us: float | None = None
-
-    def tb_per_s(self, us: float | None) -> float | None:
-        return None if not us else self.bytes / (us * 1e-6) / 1e12
 
 
 def gpu_time_us(fn: Callable[[], Any]) -> float:
@@ -116,7 +103,9 @@ def _roofline_bytes(entry, inputs: dict, outputs: tuple, params: dict) -> int:
     return int(evaluate(entry.roofline["bytes"], namespace))
 
 
-def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_compile: bool, tune: bool = False) -> Row:
+def bench_workload(
+    op_class, workload: Workload, dtype: torch.dtype, *, with_compile: bool, tune: bool = False, others: Peers | None = None
+) -> Row:
     entry = op_class.manifest_entry()
     op = op_class(**workload.params)
     inputs = workload_inputs(entry, workload, dtype, "cuda")
@@ -156,6 +145,9 @@ def bench_workload(op_class, workload: Workload, dtype: torch.dtype, *, with_com
         compile_us=compiled_us,
         bytes=_roofline_bytes(entry, inputs, outputs, op.params),
     )
+    if others is not None:
+        with torch.no_grad():
+            row.peers = time_cells(others.prepare(op_class.__name__, inputs, op.params), gpu_time_us)
     if row.bytes <= SMALL_SHAPE_BYTES:
         if baseline is None:
             (row.ours_call_us,) = call_times_us([ours_call])
@@ -170,16 +162,22 @@ def _cases(
     dtypes: Iterable[str],
     shapes: Iterable[tuple] = (),
     flags: CallFlags | None = None,
+    *,
+    differentiable: bool = False,
 ):
     """The (op class, workload, dtype) triples to time: the manifest's workloads, or with
     ``shapes`` one workload per shape, each with ``flags``' params and omitted inputs
-    (UsageError where an op name, a flag or a shape does not fit an op)."""
+    (UsageError where an op name, a flag or a shape does not fit an op). With ``differentiable``
+    only the ops whose manifest declares a backward (UsageError where a named op declares none)."""
     flags = CallFlags() if flags is None else flags
     wanted_ops = {call_flags.op_class_named(name) for name in op_names}
+    for op_class in wanted_ops:
+        if differentiable and op_class.manifest_entry().backward is None:
+            raise UsageError(f"{op_class.__name__} declares no backward in its manifest entry; --backward times differentiable ops")
     wanted_workloads, wanted_dtypes = set(workload_names), set(dtypes)
     for ops in FAMILIES.values():
         for op_class in ops:
-            if wanted_ops and op_class not in wanted_ops:
+            if (wanted_ops and op_class not in wanted_ops) or (differentiable and op_class.manifest_entry().backward is None):
                 continue
             entry = op_class.manifest_entry()
             if shapes:
@@ -224,75 +222,15 @@ def _driver_version() -> str:
     return result.stdout.strip() or "unknown"
 
 
-def machine_line(facts: dict[str, str]) -> str:
-    return (
-        f"{facts['date']}; {facts['gpu']}, driver {facts['driver']}; torch {facts['torch']} "
-        f"(CUDA {facts['torch_cuda']}); tilelang {facts['tilelang']}; Python {facts['python']}"
-    )
-
-
-def _fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def table(rows: list[Row], copy_tb_s: float) -> str:
-    header = (
-        f"{'op':<23} {'workload':<19} {'dtype':<8} {'shape':<12} {'ours µs':>8} {'eager µs':>9} "
-        f"{'compile µs':>10} {'TB/s':>5} {'%copy':>5} {'eager/ours':>10} {'compile/ours':>12} "
-        f"{'call µs ours/eager':>18}  served by"
-    )
+def method_line(copy_tb_s: float, *, calls: bool) -> str:
+    """How a table's figures were measured (docs/performance.md)."""
     method = (
         f"copy bandwidth (1 GiB, same run): {copy_tb_s:.2f} TB/s; GPU time by CUDA-graph replay of {CALLS} calls, "
-        f"median of {REPLAYS}; L2 not flushed; call time: best of {CALL_LOOPS} loops of {CALLS_PER_LOOP} calls, "
-        "TileOPs and torch eager in turns"
+        f"median of {REPLAYS}; L2 not flushed"
     )
-    lines = [method, header]
-    for r in rows:
-        bandwidth = r.tb_per_s(r.ours_us)
-        calls = "-" if r.ours_call_us is None else f"{r.ours_call_us:.1f}/{_fmt(r.eager_call_us)}"
-        lines.append(
-            f"{r.op:<23} {r.workload:<19} {r.dtype:<8} {r.shape:<12} {r.ours_us:>8.2f} {_fmt(r.eager_us, '.2f'):>9} "
-            f"{_fmt(r.compile_us, '.2f'):>10} {_fmt(bandwidth, '.2f'):>5} {_fmt(bandwidth and 100 * bandwidth / copy_tb_s, '.0f'):>5} "
-            f"{_fmt(r.eager_us and r.eager_us / r.ours_us, '.2f'):>10} {_fmt(r.compile_us and r.compile_us / r.ours_us, '.2f'):>12} "
-            f"{calls:>18}  {r.served_by}"
-        )
-    return "\n".join(lines)
-
-
-#: The comparisons summarised under a table: (name, baseline field, TileOPs field).
-_COMPARISONS = (
-    ("eager", "eager_us", "ours_us"),
-    ("compile", "compile_us", "ours_us"),
-    ("eager_call", "eager_call_us", "ours_call_us"),
-)
-
-
-def geometric_means(rows: list[Row]) -> dict[str, dict[str, float | int]]:
-    """Per comparison (GPU time against torch eager and torch.compile, call time against torch
-    eager): the geometric mean of the baseline's time over ours (above 1: TileOPs is faster),
-    over the rows that have both, with the count and the number of rows where ours is slower."""
-    means = {}
-    for name, baseline, ours in _COMPARISONS:
-        ratios = [getattr(r, baseline) / getattr(r, ours) for r in rows if getattr(r, baseline) and getattr(r, ours)]
-        if ratios:
-            means[name] = {
-                "ratio": math.exp(statistics.fmean(math.log(ratio) for ratio in ratios)),
-                "workloads": len(ratios),
-                "slower": sum(ratio < 1 for ratio in ratios),
-            }
-    return means
-
-
-def summary(means: dict[str, dict[str, float | int]]) -> str:
-    def part(name: str, baseline: str) -> str:
-        mean = means[name]
-        return f"{mean['ratio']:.2f}x {baseline} over {mean['workloads']} workloads (TileOPs slower on {mean['slower']})"
-
-    gpu = [part(name, baseline) for name, baseline in (("eager", "torch eager"), ("compile", "torch.compile")) if name in means]
-    lines = ["geometric mean of GPU-time ratios: " + ("; ".join(gpu) if gpu else "no baseline ran")]
-    if "eager_call" in means:
-        lines.append("geometric mean of call-time ratios (small shapes, host included): " + part("eager_call", "torch eager"))
-    return "\n".join(lines)
+    if calls:
+        method += f"; call time: best of {CALL_LOOPS} loops of {CALLS_PER_LOOP} calls, TileOPs and torch eager in turns"
+    return method
 
 
 def run(args) -> int:
@@ -300,7 +238,8 @@ def run(args) -> int:
         print("tileops bench: --shape and --workload select different workloads; give one of them", file=sys.stderr)
         return 2
     try:
-        cases = list(_cases(args.ops, args.workload or (), args.dtype or (), args.shape or (), CallFlags.of(args)))
+        flags = CallFlags.of(args)
+        cases = list(_cases(args.ops, args.workload or (), args.dtype or (), args.shape or (), flags, differentiable=args.backward))
     except UsageError as error:
         print(f"tileops bench: {error}", file=sys.stderr)
         return 2
@@ -312,56 +251,48 @@ def run(args) -> int:
         return 2
     facts = machine()
     copy_tb_s = copy_bandwidth_tb_s()
+    others = Peers()
     rows = []
     for index, (op_class, workload, dtype) in enumerate(cases, 1):
         print(f"\r[{index}/{len(cases)}] {op_class.__name__} {workload.name} ...".ljust(70), end="", file=sys.stderr, flush=True)
-        rows.append(bench_workload(op_class, workload, dtype, with_compile=not args.no_compile, tune=args.tune))
+        options = {"with_compile": not args.no_compile, "tune": args.tune, "others": others}
+        if args.backward:
+            from .bench_training import bench_training
+
+            rows += bench_training(op_class, workload, dtype, **options)
+        else:
+            rows.append(bench_workload(op_class, workload, dtype, **options))
     print(file=sys.stderr)
-    means = geometric_means(rows)
+    modes = {r.mode: [s for s in rows if s.mode == r.mode] for r in rows}
+    means = {mode: geometric_means(of_mode) for mode, of_mode in modes.items()}
     if args.json:
-        report = {"machine": facts, "copy_tb_s": copy_tb_s, "rows": [dataclasses.asdict(r) for r in rows], "geomean": means}
+        report = {
+            "machine": facts,
+            "copy_tb_s": copy_tb_s,
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "geomean": means if args.backward else means["forward"],
+            "peers_absent": dict(others.absent),
+        }
         print(json.dumps(report, indent=2))
     elif args.csv:
+        records = [r.record() for r in rows]
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=[f.name for f in dataclasses.fields(Row)])
+        writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(key for record in records for key in record)))
         writer.writeheader()
-        writer.writerows(dataclasses.asdict(r) for r in rows)
+        writer.writerows(records)
         print(buffer.getvalue(), end="")
     else:
         print(machine_line(facts))
-        print(table(rows, copy_tb_s))
-        print(summary(means))
+        for mode, of_mode in modes.items():
+            if args.backward:
+                print(f"\n{mode}:")
+            print(table(of_mode, copy_tb_s, method_line(copy_tb_s, calls=not args.backward), calls=not args.backward))
+            print(summary(means[mode]))
+        for note in others.notes():
+            print(note)
     if args.png:
         _chart(rows, args.png)
     return 0
-
-
-def _chart(rows: list[Row], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("--png needs matplotlib (pip install matplotlib); the table above is complete without it", file=sys.stderr)
-        return
-    labels = [f"{r.op.removesuffix('FwdOp')}\n{r.shape}" for r in rows]
-    figure, axis = plt.subplots(figsize=(max(8, len(rows) * 0.6), 4))
-    positions = range(len(rows))
-    for offset, (name, values) in enumerate(
-        [
-            ("TileOPs", [r.ours_us for r in rows]),
-            ("torch eager", [r.eager_us for r in rows]),
-            ("torch.compile", [r.compile_us for r in rows]),
-        ]
-    ):
-        relative = [value / row.ours_us if value else 0 for row, value in zip(rows, values)]
-        axis.bar([p + offset * 0.27 for p in positions], relative, width=0.27, label=name)
-    axis.set_xticks([p + 0.27 for p in positions], labels, rotation=90, fontsize=6)
-    axis.set_ylabel("time relative to TileOPs")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
 
 
 def register(commands) -> None:
@@ -387,6 +318,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", action="append", help="only these dtypes (default: each workload's first)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles each workload)")
     parser.add_argument("--tune", action="store_true", help="tune each kernel's launch configuration before timing it")
+    parser.add_argument(
+        "--backward",
+        action="store_true",
+        help="time training instead: forward+backward and the backward alone, for the ops whose manifest declares a "
+        "backward, against torch eager autograd, torch.compile and the peers",
+    )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the results as JSON")
     output.add_argument("--csv", action="store_true", help="print the results as CSV")

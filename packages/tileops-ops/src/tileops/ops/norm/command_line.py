@@ -1,4 +1,5 @@
-"""The norm family's shorthand flags for the ``tileops`` command.
+"""The norm family's sugar for the ``tileops`` command: shorthand flags, and the peer libraries
+``tileops bench`` times beside each op.
 
 ``tileops.cli`` reads these tables and adds each flag to the subcommands that describe a call;
 a flag means exactly the ``--param``/``--omit`` it stands for, and applies to this family's ops
@@ -11,3 +12,69 @@ PARAM_FLAGS = {"--normalized-shape": "normalized_shape", "--eps": "eps"}
 
 #: Flag -> the optional input it leaves out.
 OMIT_FLAGS = {"--no-weight": "weight", "--no-bias": "bias"}
+
+
+# -- peers: what ``tileops bench`` times beside each op (the ``bench`` extra installs them) ------
+#
+# Op -> {column: (the peer's callable as "module:attribute", adapter)}. The adapter takes the
+# callable, the op's inputs by name and its params, and returns a function of no arguments that
+# calls the peer as the op would be called (its outputs in the op's order, differentiable as the
+# op is), or a short reason where the peer cannot take the call. A None callable says the
+# library has no such op; the adapter is then the reason. Liger-Kernel's functions normalize
+# over the last dimension only and take the statistics' dtype from their own casting mode.
+
+LIGER_RMS_NORM = "liger_kernel.ops.rms_norm:LigerRMSNormFunction"
+LIGER_LAYER_NORM = "liger_kernel.ops.layer_norm:LigerLayerNormFunction"
+LIGER_FUSED_ADD_RMS_NORM = "liger_kernel.ops.fused_add_rms_norm:LigerFusedAddRMSNormFunction"
+
+
+def _last_dimension_only(normalized_shape) -> str | None:
+    if len(normalized_shape) != 1:
+        return f"normalizes over the last dimension only, not {len(normalized_shape)}"
+    return None
+
+
+def _rms_eps(x, eps):
+    import torch
+
+    return torch.finfo(x.dtype).eps if eps is None else eps
+
+
+def _liger_rms_norm(function, inputs, params):
+    x, weight = inputs["x"], inputs.get("weight")
+    reason = _last_dimension_only(params["normalized_shape"])
+    if reason:
+        return reason
+    eps = _rms_eps(x, params.get("eps"))
+    # in_place=False: Liger's default writes dx into the incoming gradient, which the other
+    # sides of the comparison read after it; the bytes moved are the same either way.
+    return lambda: function.apply(x, weight, eps, 0.0, "llama", False)
+
+
+def _liger_layer_norm(function, inputs, params):
+    x, weight, bias = inputs["x"], inputs.get("weight"), inputs.get("bias")
+    reason = _last_dimension_only(params["normalized_shape"])
+    if reason:
+        return reason
+    if weight is None or bias is None:
+        return "needs weight and bias"
+    return lambda: function.apply(x, weight, bias, params["eps"])
+
+
+def _liger_fused_add_rms_norm(function, inputs, params):
+    x, residual, weight = inputs["x"], inputs["residual"], inputs.get("weight")
+    reason = _last_dimension_only(params["normalized_shape"])
+    if reason:
+        return reason
+    if weight is None:
+        return "needs a weight"
+    eps = _rms_eps(x, params.get("eps"))
+    return lambda: function.apply(x, residual, weight, eps, 0.0, "llama", False)
+
+
+PEERS = {
+    "RMSNormFwdOp": {"Liger": (LIGER_RMS_NORM, _liger_rms_norm)},
+    "LayerNormFwdOp": {"Liger": (LIGER_LAYER_NORM, _liger_layer_norm)},
+    "FusedAddRMSNormFwdOp": {"Liger": (LIGER_FUSED_ADD_RMS_NORM, _liger_fused_add_rms_norm)},
+    "FusedAddLayerNormFwdOp": {"Liger": (None, "has no fused add+LayerNorm")},
+}
