@@ -172,12 +172,12 @@ def _cases(
     flags = CallFlags() if flags is None else flags
     wanted_ops = {call_flags.op_class_named(name) for name in op_names}
     for op_class in wanted_ops:
-        if differentiable and op_class.manifest_entry().backward is None:
+        if differentiable and not _declares_backward(op_class):
             raise UsageError(f"{op_class.__name__} declares no backward in its manifest entry; --backward times differentiable ops")
     wanted_workloads, wanted_dtypes = set(workload_names), set(dtypes)
     for ops in FAMILIES.values():
         for op_class in ops:
-            if (wanted_ops and op_class not in wanted_ops) or (differentiable and op_class.manifest_entry().backward is None):
+            if (wanted_ops and op_class not in wanted_ops) or (differentiable and not _declares_backward(op_class)):
                 continue
             entry = op_class.manifest_entry()
             if shapes:
@@ -194,6 +194,10 @@ def _cases(
                     if (wanted_dtypes and name in wanted_dtypes) or (not wanted_dtypes and dtype == workload.dtypes[0]):
                         call_flags.check_call(op_class, workload, dtype)
                         yield op_class, workload, dtype
+
+
+def _declares_backward(op_class) -> bool:
+    return getattr(op_class.manifest_entry(), "backward", None) is not None
 
 
 def machine() -> dict[str, str]:
