@@ -39,6 +39,19 @@ def test_tilelang_is_a_dependency_of_the_cuda_kernels_only():
         assert has_tilelang == (name == "tileops-kernels-cuda"), name
 
 
+def test_every_distribution_declares_the_torch_floor_that_ci_tests():
+    """tools/torch-floor.sh runs the CPU subset on the floor it reads from tileops-core: every
+    distribution must declare that same floor, or CI would test a version nobody declares."""
+    floors = {}
+    for name in PACKAGES:
+        deps = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]["dependencies"]
+        floors[name] = [d for d in deps if d.replace(" ", "").startswith("torch>=")]
+    assert set(map(tuple, floors.values())) == {("torch>=2.11",)}, floors
+    script = (ROOT / "tools/torch-floor.sh").read_text()
+    assert "packages/tileops-core/pyproject.toml" in script and "torch==$floor.*" in script
+    assert "tools/torch-floor.sh" in (ROOT / ".ci/run").read_text()
+
+
 def test_the_template_builds_outside_the_workspace():
     template = tomllib.loads((ROOT / "packages/tileops-acme-template/pyproject.toml").read_text())
     assert "sources" not in template.get("tool", {}).get("uv", {})
