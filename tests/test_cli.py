@@ -4,6 +4,7 @@ through the installed console script."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -13,7 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tileops.backend import DeviceFacts, Kernel, register_detector, register_kernel_type
+from tileops.backend import (
+    DeviceFacts,
+    Kernel,
+    register_detector,
+    register_kernel_builder,
+    register_kernel_type,
+    set_default_target,
+)
 from tileops.cli import check, list_ops, main
 from tileops.core import discovery
 from tileops.ops import RMSNormFwdOp
@@ -542,10 +550,40 @@ def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsy
                         "--param", "normalized_shape=2x64", "--omit", "bias")
     assert code == 0, out
     (line,) = [line for line in out.splitlines() if "served by" in line]
-    assert line.split() == ["LayerNormFwdOp", "shape-3x2x64", "x(3,", "2,", "64)", "float32", "target=builtin",
-                            "served", "by", "torch_cpu"]
+    assert line.split()[:10] == ["LayerNormFwdOp", "shape-3x2x64", "x(3,", "2,", "64)", "float32", "target=builtin",
+                                 "served", "by", "torch_cpu"]
     code, out = run_cli(capsys, "demo", "--device", "cpu", "--omit", "bias")
     assert code == 2 and "RMSNormFwdOp: --omit bias: RMSNormFwdOp has no optional input 'bias'" in out
+
+
+def test_demo_prints_each_calls_largest_error_against_the_manifests_reference(capsys):
+    code, out = run_cli(capsys, "demo", "--device", "cpu", "RMSNormFwdOp", "FusedAddRMSNormFwdOp")
+    assert code == 0, out
+    lines = {line.split()[0]: line for line in out.splitlines() if "served by" in line}
+    assert "within tolerance (atol 1e-05, rtol 1e-05)" in lines["RMSNormFwdOp"]
+    # An op with several outputs says which one is furthest from the reference.
+    assert re.search(r"max error [0-9.e+-]+ \((y|residual_sum)\), within tolerance", lines["FusedAddRMSNormFwdOp"])
+    _, report = run_json(capsys, "demo", "--device", "cpu", "RMSNormFwdOp")
+    (call,) = report["calls"]
+    error = call["reference_error"]
+    assert error["within_tolerance"] is True and 0 <= error["max_error"] <= 1e-5
+    assert (error["atol"], error["rtol"], error["where"]) == (1e-5, 1e-5, "y")
+
+
+def test_demo_fails_a_call_whose_result_is_outside_the_tolerance_naming_the_op(capsys, scoped_registry):
+    def off_by_a_little(x, weight, *, normalized_shape, eps):
+        return lambda x, weight, **outs: F.rms_norm(x, normalized_shape, weight, eps) + 1e-3
+
+    register_kernel_builder(op="RMSNormFwdOp", target="skewed", build_kernel=off_by_a_little)
+    set_default_target("skewed")
+    try:
+        code, out = run_cli(capsys, "demo", "--device", "cpu", "RMSNormFwdOp")
+    finally:
+        set_default_target(None)
+    assert code == 1, out
+    (line,) = [line for line in out.splitlines() if "served by" in line]
+    assert "target=skewed" in line and "max error 0.001, OUTSIDE tolerance" in line
+    assert out.rstrip().endswith("1 call(s) outside the manifest's tolerance: RMSNormFwdOp")
 
 
 def test_the_console_script_explains_a_call():

@@ -1,9 +1,11 @@
 """``tileops demo``: run every op (or the named ones) once on the best device here, and print
-which target and kernel served each call, and what each target registered is."""
+which target and kernel served each call, how far its results are from the manifest's
+reference (``ref_api``, within the entry's ``tolerance``), and what each target registered is."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 import torch
@@ -11,7 +13,8 @@ import torch
 from tileops.core import registry
 from tileops.core.discovery import load_backends, load_failures
 from tileops.ops import FAMILIES
-from tileops.testing import workload_inputs
+from tileops.core.manifest import OpEntry
+from tileops.testing import reference_outputs, workload_inputs
 
 from . import call_flags
 from .call_flags import CallFlags
@@ -24,9 +27,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "demo",
         description=(
             "Run every op (or the ones named) once on the best device present and print which target "
-            "and kernel served each call."
+            "and kernel served each call, and its largest error against the manifest's reference."
         ),
-        epilog="Exit status: 0 when every call ran, 2 for a bad command line (such as a device this machine lacks).",
+        epilog=(
+            "Exit status: 0 when every call ran and matched its reference within the manifest's tolerance, "
+            "1 when a result did not, 2 for a bad command line (such as a device this machine lacks)."
+        ),
     )
     parser.add_argument("ops", nargs="*", metavar="OP", help="op class names (default: every op)")
     parser.add_argument(
@@ -99,6 +105,38 @@ def _target_text(target: dict[str, Any], device: torch.device) -> str:
     return f"{target['target']} (a backend's target, from {source}: serves whole ops on {where})"
 
 
+def reference_error(
+    entry: OpEntry,
+    dtype: torch.dtype,
+    results: dict[str, torch.Tensor],
+    expected: dict[str, torch.Tensor],
+) -> dict[str, Any]:
+    """How far ``results`` (each output, and each input the op writes, by name) are from the
+    reference's ``expected`` values: the largest absolute difference, the output or written input
+    where it is, the manifest's tolerance for ``dtype``, and whether every element is within it
+    (``|result - reference| <= atol + rtol * |reference|``, as the conformance checks compare)."""
+    atol, rtol = entry.tolerance[dtype]
+    worst, where, within = 0.0, None, True
+    for name, want in expected.items():
+        got = results[name]
+        if got.shape != want.shape or want.numel() == 0:
+            within = within and got.shape == want.shape
+            continue
+        got, want = got.detach().float(), want.detach().float().to(got.device)
+        difference = (got - want).abs()
+        error = float(difference.max())
+        if where is None or error > worst or math.isnan(error):  # a NaN stays the worst
+            worst, where = error, name
+        within = within and bool((difference <= atol + rtol * want.abs()).all())
+    return {"max_error": worst, "where": where, "atol": atol, "rtol": rtol, "within_tolerance": within}
+
+
+def _error_text(error: dict[str, Any], outputs: int) -> str:
+    where = f" ({error['where']})" if outputs > 1 and error["where"] else ""
+    verdict = "within" if error["within_tolerance"] else "OUTSIDE"
+    return f"max error {error['max_error']:.2g}{where}, {verdict} tolerance (atol {error['atol']:g}, rtol {error['rtol']:g})"
+
+
 def run(args: argparse.Namespace) -> int:
     device = usable_device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -133,7 +171,16 @@ def run(args: argparse.Namespace) -> int:
         entry = op_class.manifest_entry()
         op = op_class(**workload.params)
         inputs = workload_inputs(entry, workload, dtype, device)
-        op(**inputs)
+        # The reference runs on clones, before the op, which may write its inputs.
+        reference, reference_written = reference_outputs(entry, inputs, op.params)
+        result = op(**inputs)
+        outputs = result if isinstance(result, tuple) else (result,)
+        error = reference_error(
+            entry,
+            dtype,
+            {**{d.name: t for d, t in zip(entry.outputs, outputs)}, **{name: inputs[name] for name in reference_written}},
+            {**{d.name: t for d, t in zip(entry.outputs, reference)}, **reference_written},
+        )
         call = {
             "op": op_class.__name__,
             "family": family,
@@ -141,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             "inputs": {name: list(tensor.shape) for name, tensor in inputs.items()},
             "target": op.target,
             "served_by": sorted({key for key, _ in op.built_kernels()}),
+            "reference_error": error,
         }
         report["calls"].append(call)
         if args.json:
@@ -151,8 +199,12 @@ def run(args: argparse.Namespace) -> int:
         first = entry.inputs[0].name
         print(
             f"  {call['op']:<24} {workload.name:<10} {first}{tuple(inputs[first].shape)} "
-            f"{report['dtype']}  target={op.target}  served by {', '.join(call['served_by']) or '-'}"
+            f"{report['dtype']}  target={op.target}  served by {', '.join(call['served_by']) or '-'}  "
+            f"{_error_text(error, len(entry.outputs) + len(reference_written))}"
         )
+    outside = [call["op"] for call in report["calls"] if not call["reference_error"]["within_tolerance"]]
     if args.json:
         print_json(report)
-    return 0
+    elif outside:
+        print(f"\n{len(outside)} call(s) outside the manifest's tolerance: {', '.join(outside)}")
+    return 1 if outside else 0
