@@ -237,3 +237,9 @@ def _prefer_in_table_order(table: dict[str, type[_TileLangNorm]]) -> None:
 
 for _interface_table in KERNELS.values():
     _prefer_in_table_order(_interface_table)
+
+# The backward kernels (``backward``) join the same table, one entry per backward interface, so
+# that the backward ops find them through ``kernel_tables`` as the forward ops find theirs.
+from .backward import BACKWARD_KERNELS  # noqa: E402
+
+KERNELS.update(BACKWARD_KERNELS)

@@ -1,0 +1,250 @@
+"""TileLang implementations of the norm family's backward kernel interfaces, and their key table.
+
+Three variants per interface (``kind`` is rms_norm, layer_norm, add_rms_norm or add_layer_norm):
+``<kind>_bwd`` keeps each thread's slice of the row in registers (rows of up to 64 KiB in
+16-byte vectors), ``<kind>_bwd_streamed`` reads it again for dx (any length, 16-byte vectors),
+and ``<kind>_bwd_scalar`` serves every length and alignment element-wise (``general``). Each
+call runs two kernels (``backward_programs``): the row kernel writes dx and per-slot float32
+partial sums of dweight (and dbias), the reduce kernel sums those and casts them. The partials
+are a declared output of the kernel, dropped from what ``forward`` returns.
+
+The kernels take dy, x (or the residual sum) and dresidual_sum in the caller's shape, (..., n),
+and the statistics in x's leading shape: ``forward`` views them as rows. They are not tuned:
+the partials' shape follows the launch configuration, which is the rules'.
+
+Importing this module does not import tilelang; building a kernel does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+
+from tileops.core import facts_for
+from tileops.ops.norm import (
+    FusedAddLayerNormBwdInterface,
+    FusedAddRMSNormBwdInterface,
+    LayerNormBwdInterface,
+    NormCall,
+    RMSNormBwdInterface,
+)
+
+from . import backward_programs as programs
+from ..compile import entry_function
+from ..kernel import BuildPlan, Output, TileLangKernel
+
+_STATISTICS = ("mean", "rstd")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Params:
+    """What a backward kernel's outputs are sized from: the call, its launch configuration and
+    the SM count of its device."""
+
+    call: NormCall
+    kind: str
+    config: dict
+    sm_count: int
+
+    def partial_shape(self, arguments: tuple) -> tuple[int, int, int]:
+        m = arguments[0].shape[0]
+        rows = programs.partial_rows(self.kind, m, self.call.n, self.call.dtype, self.config, self.sm_count)
+        return (programs.parts_of(self.kind), rows, self.call.n)
+
+
+def _column_sums() -> Output:
+    """dweight or dbias: (n,) in dy's dtype."""
+    return Output.computed(lambda arguments, p: (p.call.n,), lambda arguments, p: arguments[0].dtype)
+
+
+_PARTIALS = Output.computed(lambda arguments, p: p.partial_shape(arguments), lambda arguments, p: torch.float32)
+
+
+class _TileLangNormBwd(TileLangKernel):
+    """One compiled TileLang norm backward for a (kind, variant, n, dtype, weight flag, device)."""
+
+    family = "norm"
+    variant: ClassVar[str]
+    takes_leading_dims = True
+    ranks_built_eagerly = (2,)  # forward views every call as rows: rank 2 is the only one
+
+    def __init__(self, call: NormCall) -> None:
+        config = programs.launch_config(self.kind, self.variant, call.n, call.dtype)
+        facts = facts_for(call.device)
+        sm_count = facts.sm_count if facts is not None and facts.sm_count else 1
+        super().__init__(call.device, _Params(call, self.kind, config, sm_count))
+
+    def identity(self) -> tuple:
+        call = self.params.call
+        return (self.variant, call.n, call.dtype, call.has_weight)
+
+    def default_config(self) -> dict[str, Any]:
+        return dict(self.params.config)
+
+    def tuning_candidates(self) -> list[dict[str, Any]]:
+        return [self.default_config()]
+
+    def build_plan(self, config: dict[str, Any]) -> BuildPlan:
+        why = "the backward kernels run their rules' configuration (the partials are sized by it)"
+        return BuildPlan({"main": config}, untuned={"main": why}, shown={"variant": self.variant, **config})
+
+    def compile(self, config: dict[str, Any], rank: int) -> Any:
+        call = self.params.call
+        return programs.compile_row_kernel(self.kind, call.n, call.dtype, call.has_weight, self.tilelang_target,
+                                           **config)
+
+    def _launch_function(self, config: dict[str, Any], rank: int):
+        if rank != 2:
+            raise ValueError(f"{type(self).__name__} launches on rows (rank 2), not rank {rank}")
+        call = self.params.call
+        rows = entry_function(self.compile(config, rank))
+        reduce = entry_function(
+            programs.compile_reduce_kernel(call.n, call.dtype, programs.parts_of(self.kind), self.tilelang_target)
+        )
+        sums = len(self.outputs) - 2  # dweight (and dbias)
+
+        def launch(*tensors: torch.Tensor) -> None:
+            # (inputs..., dx, dweight, [dbias], partials): the row kernel, then the reduction.
+            partials = tensors[-1]
+            rows(*tensors[: -1 - sums - 1], tensors[-2 - sums], partials)
+            reduce(partials, *tensors[-1 - sums : -1])
+
+        return launch
+
+    def forward(self, *args: Any, **named: Any) -> Any:
+        if named or len(args) != len(self.argument_names):
+            args = self._bind(args, named)
+        n = self.params.call.n
+        shape = args[0].shape
+        rows = tuple(
+            None if value is None
+            else value if name == "weight"
+            else value.reshape(-1) if name in _STATISTICS
+            else value.reshape(-1, n)
+            for name, value in zip(self.argument_names, args)
+        )
+        dx, *sums, _partials = super().forward(*rows)
+        return (dx.view(shape), *sums)
+
+    @classmethod
+    def refusal(cls, call: NormCall) -> str | None:
+        return programs.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
+
+    @classmethod
+    def entry_for(cls, call: NormCall):
+        identity = (call.device, call.n, call.dtype, call.has_weight)
+        return identity, lambda: cls(call)
+
+
+# dx is like dy; it is declared computed, as the others are: a kernel's outputs are all like an
+# argument (allocated by ``empty_like``) or all computed.
+_DX = Output.computed(lambda arguments, p: tuple(arguments[0].shape), lambda arguments, p: arguments[0].dtype)
+_RMS_OUTPUTS = (_DX, _column_sums(), _PARTIALS)
+_LAYER_OUTPUTS = (_DX, _column_sums(), _column_sums(), _PARTIALS)
+
+
+# The row kernel takes the interface's arguments in its order (an absent weight left out), then
+# dx and the partials; dweight (and dbias) are the reduce kernel's.
+class _RMSNormBwd(_TileLangNormBwd, RMSNormBwdInterface):
+    kind = "rms_norm"
+    outputs = _RMS_OUTPUTS
+
+
+class _LayerNormBwd(_TileLangNormBwd, LayerNormBwdInterface):
+    kind = "layer_norm"
+    outputs = _LAYER_OUTPUTS
+
+
+class _FusedAddRMSNormBwd(_TileLangNormBwd, FusedAddRMSNormBwdInterface):
+    kind = "add_rms_norm"
+    outputs = _RMS_OUTPUTS
+
+
+class _FusedAddLayerNormBwd(_TileLangNormBwd, FusedAddLayerNormBwdInterface):
+    kind = "add_layer_norm"
+    outputs = _LAYER_OUTPUTS
+
+
+class RMSNormBwdKernel(_RMSNormBwd):
+    variant = "register"
+
+
+class RMSNormBwdStreamedKernel(_RMSNormBwd):
+    variant = "streamed"
+
+
+class RMSNormBwdScalarKernel(_RMSNormBwd):
+    variant = "scalar"
+    general = True
+
+
+class LayerNormBwdKernel(_LayerNormBwd):
+    variant = "register"
+
+
+class LayerNormBwdStreamedKernel(_LayerNormBwd):
+    variant = "streamed"
+
+
+class LayerNormBwdScalarKernel(_LayerNormBwd):
+    variant = "scalar"
+    general = True
+
+
+class FusedAddRMSNormBwdKernel(_FusedAddRMSNormBwd):
+    variant = "register"
+
+
+class FusedAddRMSNormBwdStreamedKernel(_FusedAddRMSNormBwd):
+    variant = "streamed"
+
+
+class FusedAddRMSNormBwdScalarKernel(_FusedAddRMSNormBwd):
+    variant = "scalar"
+    general = True
+
+
+class FusedAddLayerNormBwdKernel(_FusedAddLayerNormBwd):
+    variant = "register"
+
+
+class FusedAddLayerNormBwdStreamedKernel(_FusedAddLayerNormBwd):
+    variant = "streamed"
+
+
+class FusedAddLayerNormBwdScalarKernel(_FusedAddLayerNormBwd):
+    variant = "scalar"
+    general = True
+
+
+#: The in-tree backward keys of each interface and their classes, in preference order (merged
+#: into ``KERNELS``, the table the ops name): the register variant beats the streamed one where
+#: both serve; the scalar one is general.
+BACKWARD_KERNELS: dict[type, dict[str, type[_TileLangNormBwd]]] = {
+    RMSNormBwdInterface: {
+        "rms_norm_bwd": RMSNormBwdKernel,
+        "rms_norm_bwd_streamed": RMSNormBwdStreamedKernel,
+        "rms_norm_bwd_scalar": RMSNormBwdScalarKernel,
+    },
+    LayerNormBwdInterface: {
+        "layer_norm_bwd": LayerNormBwdKernel,
+        "layer_norm_bwd_streamed": LayerNormBwdStreamedKernel,
+        "layer_norm_bwd_scalar": LayerNormBwdScalarKernel,
+    },
+    FusedAddRMSNormBwdInterface: {
+        "add_rms_norm_bwd": FusedAddRMSNormBwdKernel,
+        "add_rms_norm_bwd_streamed": FusedAddRMSNormBwdStreamedKernel,
+        "add_rms_norm_bwd_scalar": FusedAddRMSNormBwdScalarKernel,
+    },
+    FusedAddLayerNormBwdInterface: {
+        "add_layer_norm_bwd": FusedAddLayerNormBwdKernel,
+        "add_layer_norm_bwd_streamed": FusedAddLayerNormBwdStreamedKernel,
+        "add_layer_norm_bwd_scalar": FusedAddLayerNormBwdScalarKernel,
+    },
+}
+
+for _table in BACKWARD_KERNELS.values():
+    _register, _streamed, _scalar = _table
+    _table[_register].preferred_over = frozenset({_streamed})

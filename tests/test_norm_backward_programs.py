@@ -1,0 +1,118 @@
+"""The norm backward kernels' launch rules (CPU: no tilelang, no GPU), their key table, and the
+compile tier: one representative build per kernel kind lowers and compiles for sm_90."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import run_python
+from tileops.kernels.cuda.norm import KERNELS
+from tileops.kernels.cuda.norm import backward_programs as programs
+from tileops.kernels.cuda.norm.backward import BACKWARD_KERNELS
+
+KINDS = programs.KINDS
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+LENGTHS = [1, 7, 8, 64, 1000, 1024, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 100000, 262144]
+
+
+def _served_by(kind, n, dtype, aligned=True):
+    return [v for v in programs.VARIANTS if programs.refusal(kind, v, n, dtype, aligned) is None]
+
+
+def test_the_backward_tables_join_the_ops_table_with_their_keys():
+    for interface, table in BACKWARD_KERNELS.items():
+        assert KERNELS[interface] is table
+        kind = next(iter(table)).removesuffix("_bwd")
+        assert list(table) == [f"{kind}_bwd", f"{kind}_bwd_streamed", f"{kind}_bwd_scalar"]
+        assert [cls.general for cls in table.values()] == [False, False, True]
+        assert all(cls.takes_leading_dims for cls in table.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_length_and_alignment_is_served_and_float64_is_refused(kind, dtype):
+    for n in LENGTHS + [n + 1 for n in LENGTHS]:
+        assert "scalar" in _served_by(kind, n, dtype, aligned=False)
+        served = _served_by(kind, n, dtype)
+        assert served[-1] == "scalar"
+        assert ("streamed" in served) == (n * dtype.itemsize % 16 == 0)
+    reason = programs.refusal(kind, "scalar", 4096, torch.float64, True)
+    assert "float64" in reason and "torch implementation serves it" in reason
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_launch_rules_fit_the_hardware_for_every_length(kind, dtype):
+    for n in LENGTHS:
+        for variant in _served_by(kind, n, dtype):
+            config = programs.launch_config(kind, variant, n, dtype)
+            tpr, rows, vec = config["tpr"], config["rows"], config["vec"]
+            assert tpr & (tpr - 1) == 0 and tpr * rows <= 1024 and n % vec == 0, (n, config)
+            assert vec * dtype.itemsize in (dtype.itemsize, 16), config
+            if variant == "register":
+                columns = config["unroll"] * vec
+                assert config["unroll"] <= 4 and tpr * config["unroll"] * vec >= n, (n, config)
+                if config["acc"] == "shared":  # the column sums fit the shared memory given to them
+                    assert programs.parts_of(kind) * columns * tpr * rows * 4 <= 128 * 1024, (n, config)
+                assert 1 <= programs.blocks_per_sm(kind, dtype, config) <= 2048 // (tpr * rows)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("sm_count", [1, 78, 132])
+def test_partial_rows_are_sane_for_every_row_count(kind, sm_count):
+    for n, dtype in [(1, torch.float32), (1000, torch.bfloat16), (4096, torch.bfloat16), (65536, torch.float16)]:
+        for variant in _served_by(kind, n, dtype):
+            config = programs.launch_config(kind, variant, n, dtype)
+            resident = sm_count * programs.blocks_per_sm(kind, dtype, config) * config["rows"]
+            for m in [1, 2, 3, 100, 4097, 65536, 1 << 20]:
+                slots = programs.partial_rows(kind, m, n, dtype, config, sm_count)
+                assert slots % config["rows"] == 0 and config["rows"] <= slots <= resident, (m, slots)
+                # no block without a row; and never more slots than rows (beyond one block's)
+                assert slots <= max(m, 1) + config["rows"] - 1, (m, slots)
+                if m >= 1 << 20 and n >= 1000:  # many rows: every SM holds as many blocks as fit
+                    assert slots == resident
+
+
+def test_partials_grow_with_the_rows_until_the_sms_are_full():
+    config = programs.launch_config("rms_norm", "register", 4096, torch.bfloat16)
+    counts = [programs.partial_rows("rms_norm", m, 4096, torch.bfloat16, config, 132) for m in (1, 64, 132, 4096, 65536)]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 132 * programs.blocks_per_sm(
+        "rms_norm", torch.bfloat16, config)
+
+
+# -- compile tier ------------------------------------------------------------------------------
+
+SCRIPT = """
+import json, sys, torch
+from tileops.kernels.cuda.norm import backward_programs as programs
+kind, variant, n, dtype = json.loads({case!r})
+dtype = getattr(torch, dtype)
+assert programs.refusal(kind, variant, n, dtype, True) is None
+target = {{"kind": "cuda", "arch": "sm_90"}}
+config = programs.launch_config(kind, variant, n, dtype)
+rows = programs.compile_row_kernel(kind, n, dtype, True, target, **config).get_kernel_source()
+reduce = programs.compile_reduce_kernel(n, dtype, programs.parts_of(kind), target).get_kernel_source()
+assert "__global__" in rows and "__global__" in reduce
+assert "atomic" not in rows.lower(), "the column sums are per-slot partials, not atomics"
+print("compiled", kind, variant, n, config["acc"])
+"""
+
+# One build per kernel kind, each in another mode (CI has two cores): registers with the sums in
+# registers and in shared memory, the 16-byte streamed mode and the element-wise one.
+CASES = [
+    ("rms_norm", "register", 4096, "bfloat16"),
+    ("layer_norm", "register", 7168, "bfloat16"),
+    ("add_rms_norm", "streamed", 65536, "float16"),
+    ("add_layer_norm", "scalar", 1001, "float32"),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_one_build_per_kind_compiles_for_sm90(case, tmp_path):
+    result = run_python(SCRIPT.format(case=json.dumps(case)), env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.splitlines()[-1].startswith(f"compiled {case[0]} {case[1]} {case[2]}"), result.stdout[-2000:]
