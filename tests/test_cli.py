@@ -27,7 +27,10 @@ from tileops.core import discovery
 from tileops.ops import RMSNormFwdOp
 from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
 
-NORM_OPS = ["RMSNormFwdOp", "LayerNormFwdOp", "FusedAddRMSNormFwdOp", "FusedAddLayerNormFwdOp"]
+NORM_OPS = [
+    "RMSNormFwdOp", "LayerNormFwdOp", "FusedAddRMSNormFwdOp", "FusedAddLayerNormFwdOp",
+    "RMSNormBwdOp", "LayerNormBwdOp", "FusedAddRMSNormBwdOp", "FusedAddLayerNormBwdOp",
+]
 EXPLAIN_HOPPER = ["explain", "RMSNormFwdOp", "--device", "cuda", "--arch", "90", "--dtype", "bfloat16"]
 EXPLAIN_CPU = ["explain", "RMSNormFwdOp", "--shape", "8,4096", "--device", "cpu"]
 
@@ -81,7 +84,8 @@ def test_ops_json_gives_each_keys_origin_distribution_and_installation(capsys):
     assert interface["interface"] == "RMSNormFwdInterface"
     keys = {impl["key"]: impl for impl in interface["implementations"]}
     assert set(keys) == {
-        "acme_short_rows", "rms_norm", "rms_norm_scalar", "rms_norm_shared", "rms_norm_streamed", "torch_cpu"
+        "acme_short_rows", "rms_norm", "rms_norm_scalar", "rms_norm_shared", "rms_norm_streamed", "torch_cpu",
+        "torch_float64",
     }
     assert keys["rms_norm"]["distribution"] == "tileops-kernels-cuda" and keys["rms_norm"]["installed"]
     assert keys["torch_cpu"]["distribution"] == "tileops-ops" and keys["torch_cpu"]["devices"] == ["cpu"]
@@ -290,7 +294,7 @@ def test_explain_reports_a_call_the_signature_rejects(capsys):
     assert "the call raises OpArgumentError: RMSNormFwdOp: argument 'x' expected shape" in out
     code, out = run_cli(capsys, "explain", "LayerNormFwdOp", "--shape", "8,4096", "--dtype", "int8")
     assert code == 1
-    assert "argument 'x' expected dtype float16 or bfloat16 or float32, got torch.int8" in out
+    assert "argument 'x' expected dtype float16 or bfloat16 or float32 or float64, got torch.int8" in out
 
 
 def test_explain_of_an_empty_call_says_nothing_runs(capsys):
@@ -542,7 +546,7 @@ def test_check_reports_an_op_listed_under_another_family(capsys, monkeypatch):
 def test_demo_still_runs_every_op(capsys):
     code, out = run_cli(capsys, "demo", "--device", "cpu")
     assert code == 0
-    assert out.count("served by torch_cpu") == 4
+    assert out.count("served by torch_cpu") == len(NORM_OPS)
 
 
 def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsys):
@@ -626,7 +630,7 @@ def test_check_reports_a_registration_for_an_op_name_no_class_has(capsys, scoped
     assert code == 1
     assert (
         f"FAIL  {__name__} registered a kernel type 'misspelt' for 'RMSNormFwOp', which no op class is "
-        "called; did you mean 'RMSNormFwdOp'?"
+        "called; the closest op name is 'RMSNormFwdOp'"
     ) in out
     _, result = run_json(capsys, "check")
     assert result["ok"] is False and len(result["registrations"]) == 1
@@ -779,7 +783,7 @@ def test_check_fails_an_op_that_refuses_the_described_call_with_the_ops_own_mess
 
 def test_check_with_an_omitted_input_checks_every_workload_without_it(capsys):
     code, result = run_json(capsys, "check", "--omit", "weight")
-    assert code == 0 and result["ok"] and len(result["ops"]) == 4
+    assert code == 0 and result["ok"] and len(result["ops"]) == len(NORM_OPS)
 
 
 @pytest.mark.parametrize(

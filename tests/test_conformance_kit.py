@@ -41,6 +41,8 @@ from tileops_acme.kernels import AcmeFusedAddRMSNorm, AcmeRMSNorm
 SMALL_WORKLOADS = 1 << 16  # keeps each op's decode-1 workload (8 to 16 Ki elements), drops the rest
 DECODE_DTYPES = ("bfloat16", "float16", "float32")  # the dtypes of every norm op's decode-1 workload
 NORM_OPS: tuple[type[Op], ...] = (RMSNormFwdOp, LayerNormFwdOp, FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp)
+#: The norm family's backward ops, which the template's builders do not serve.
+BACKWARD_OPS: tuple[type[Op], ...] = tuple(op.backward_class() for op in NORM_OPS)
 ACME_BUILDERS = {
     RMSNormFwdOp: acme_builders.build_rms_norm,
     LayerNormFwdOp: acme_builders.build_layer_norm,
@@ -163,6 +165,7 @@ def test_a_correct_target_passes_every_check(scoped_registry):
     expected_names = {workload_check("sound", op, dtype) for op in NORM_OPS for dtype in DECODE_DTYPES}
     expected_names |= {empty_write_check("sound", op) for op in NORM_OPS}
     expected_names |= {build_count_check("sound", op) for op in NORM_OPS}
+    expected_names |= {not_served_check("sound", op) for op in BACKWARD_OPS}
     assert set(outcomes) == expected_names
     assert failures(outcomes) == {}
 
@@ -439,6 +442,7 @@ def test_ops_a_target_does_not_serve_pass_the_not_served_checks(scoped_registry)
     assert [check.name for check in not_served] == [
         not_served_check("partial", FusedAddRMSNormFwdOp),
         not_served_check("partial", FusedAddLayerNormFwdOp),
+        *[not_served_check("partial", op) for op in BACKWARD_OPS],
     ]
     assert failures(run_checks(not_served)) == {}
 

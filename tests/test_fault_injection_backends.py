@@ -50,12 +50,18 @@ HEALTHY = """
 import torch.nn.functional as _F
 from tileops.backend import register_kernel_builder as _register, registered_targets as _targets
 from tileops.ops import FAMILIES as _FAMILIES
+from torch.autograd.functional import vjp as _vjp
 _x, _r = torch.randn(3, 8), torch.randn(3, 8)
+_rms, _layer = (lambda t: _F.rms_norm(t, (8,))), (lambda t: _F.layer_norm(t, (8,)))
 _checks = {
     "RMSNormFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.rms_norm(_x, (8,))),
     "LayerNormFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.layer_norm(_x, (8,))),
     "FusedAddRMSNormFwdOp": lambda op: torch.testing.assert_close(op(_x, _r)[1], _x + _r),
     "FusedAddLayerNormFwdOp": lambda op: torch.testing.assert_close(op(_x, _r)[1], _x + _r),
+    "RMSNormBwdOp": lambda op: torch.testing.assert_close(op(_r, _x)[0], _vjp(_rms, _x, _r)[1]),
+    "LayerNormBwdOp": lambda op: torch.testing.assert_close(op(_r, _x)[0], _vjp(_layer, _x, _r)[1]),
+    "FusedAddRMSNormBwdOp": lambda op: torch.testing.assert_close(op(_r, _r, _x)[0], _vjp(_rms, _x, _r)[1] + _r),
+    "FusedAddLayerNormBwdOp": lambda op: torch.testing.assert_close(op(_r, _r, _x)[0], _vjp(_layer, _x, _r)[1] + _r),
 }
 _classes = {c.__name__: c for cs in _FAMILIES.values() for c in cs}
 assert sorted(_classes) == sorted(_checks), "an op was added: give it a check here"

@@ -112,13 +112,8 @@ def test_an_out_buffer_overlapping_a_non_contiguous_input_is_accepted_because_th
         pytest.param(
             lambda x: x.to_mkldnn(),
             "mkldnn",
-            marks=[
-                pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs torch built with mkldnn"),
-                # An mkldnn tensor answers is_contiguous() with True, so the generated call path
-                # takes it as dense and the kernel fails on its missing storage; the path must
-                # check the layout as the reference bind does.
-                pytest.mark.xfail(strict=True, reason="the generated call path does not check the layout yet"),
-            ],
+            # An mkldnn tensor answers is_contiguous() with True: the generated path checks its layout.
+            marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs torch built with mkldnn"),
         ),
     ],
     ids=["sparse-coo", "sparse-csr", "nested", "mkldnn"],
@@ -235,11 +230,7 @@ def _faulty_kernel_type(probe: _Probe):
     [
         (_Probe(refusal_raises=True), "refusal() of implementation 'faulty'"),
         (_Probe(identity_unhashable=True), "identity"),
-        pytest.param(
-            _Probe(entry_for_raises=True),
-            "entry_for raised KeyError",
-            marks=pytest.mark.xfail(strict=True, reason="an entry_for that raises is not wrapped into a BackendError yet"),
-        ),
+        (_Probe(entry_for_raises=True), "entry_for raised KeyError"),
     ],
     ids=["refusal-raises", "unhashable-identity", "entry-for-raises"],
 )

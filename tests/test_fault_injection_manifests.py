@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -35,7 +36,8 @@ from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
 SOURCE = "corrupt.yaml"
 SHIPPED = (ROOT / "manifest/norm.yaml").read_text(encoding="utf-8")
 ENTRY_START = "RMSNormFwdOp:\n"
-RMS_ENTRY = SHIPPED[SHIPPED.index(ENTRY_START):SHIPPED.index("\nLayerNormFwdOp:")]
+# Alone in a file, without the backward op its backward: section names.
+RMS_ENTRY = re.sub(r"  backward:\n(    .*\n)+", "", SHIPPED[SHIPPED.index(ENTRY_START):SHIPPED.index("\nLayerNormFwdOp:")])
 
 
 def _changed(old: str, new: str) -> str:
@@ -56,9 +58,9 @@ ESCAPE = "F.__builtins__['__import__']('os').system('touch {marker}')"
 
 #: (id, the corrupt file's text, the field the error names or None, a phrase of the message).
 CORRUPT_MANIFESTS = [
-    ("dtype-a-nested-list", _changed("dtype: [float16, bfloat16, float32]", "dtype: [[float16]]"),
+    ("dtype-a-nested-list", _changed("dtype: [float16, bfloat16, float32, float64]", "dtype: [[float16]]"),
      "signature.inputs.x.dtype", "expected a dtype name"),
-    ("dtype-a-mapping-in-a-list", _changed("dtype: [float16, bfloat16, float32]", "dtype: [{a: 1}]"),
+    ("dtype-a-mapping-in-a-list", _changed("dtype: [float16, bfloat16, float32, float64]", "dtype: [{a: 1}]"),
      "signature.inputs.x.dtype", "got {'a': 1}"),
     ("dtype-param-default-a-list",
      _changed("    params:\n", "    params:\n      out_dtype:\n        type: dtype\n        default: [1]\n"),

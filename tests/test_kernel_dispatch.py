@@ -396,9 +396,10 @@ def test_in_tree_keys_are_the_ops_own_and_its_kernel_tables_named_once():
     from tileops.kernels.cuda.norm import KERNELS
 
     keys = LayerNormFwdOp.in_tree_keys()
-    assert keys == {"torch_cpu": LayerNormFwdOp.in_tree_kernels[LayerNormFwdInterface]["torch_cpu"],
-                    **KERNELS[LayerNormFwdInterface]}
-    assert list(keys) == ["torch_cpu", "layer_norm", "layer_norm_shared", "layer_norm_streamed", "layer_norm_scalar"]
+    assert keys == {**LayerNormFwdOp.in_tree_kernels[LayerNormFwdInterface], **KERNELS[LayerNormFwdInterface]}
+    assert list(keys) == [
+        "torch_cpu", "torch_float64", "layer_norm", "layer_norm_shared", "layer_norm_streamed", "layer_norm_scalar"
+    ]
 
 
 def test_a_key_in_both_the_ops_kernels_and_a_table_is_refused_at_construction():

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import Phase, assume, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
@@ -264,6 +265,12 @@ def valid_calls(draw: Callable, op_class: type[Op]) -> GeneratedCall:
     for decl in entry.inputs:
         present = not decl.optional or draw(st.booleans())
         inputs[decl.name] = random_tensor(shape_of(dims[decl.name]), dtypes[decl.name], generator) if present else None
+    for decl in entry.inputs:
+        # A derived input (a forward's saved statistic) must agree with the others: computed.
+        if decl.derive_code is not None and inputs[decl.name] is not None:
+            namespace = {**inputs, **params, "torch": torch, "F": F}
+            inputs[decl.name] = evaluate(decl.derive_code, namespace)
+            dtypes[decl.name] = inputs[decl.name].dtype
     outs = {
         decl.out: torch.empty(shape_of(dims[decl.name]), dtype=dtypes[decl.name])
         for decl in entry.outputs

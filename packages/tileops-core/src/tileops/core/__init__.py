@@ -9,6 +9,8 @@ Public here, and stable across releases:
 - ``DeviceFacts``, ``facts_for``: what is known about a device (a kernel's launch policy reads
   its SM count, shared memory and architecture);
 - ``gpu_time_us``: the GPU time of a call by CUDA-graph replay (kernels that tune themselves);
+- ``derive_input``: an op's input computed by its manifest ``derive`` expression (a backward
+  op computes a statistic its forward did not save);
 - ``shown``: a value quoted for an error message, cut to a bounded length (a message about a
   file quotes what it found there, which can be any size);
 - the errors: ``TileOpsError`` and its subclasses.
@@ -18,6 +20,7 @@ these among them). ``tileops.core.manifest`` is the manifest's data model for Ti
 tools (the command line, ``tileops.testing``); every other module of this package is internal.
 """
 
+from .autograd import derive_input
 from .device_facts import DeviceFacts, facts_for
 from .errors import (
     AmbiguousTargetError,
@@ -50,6 +53,7 @@ __all__ = [
     "OpNotAvailableError",
     "TileOpsError",
     "UnknownTargetError",
+    "derive_input",
     "facts_for",
     "gpu_time_us",
     "shown",

@@ -5,7 +5,7 @@ common case (every tensor present as declared, a torch.Tensor, contiguous, on th
 device, with the declared dtype and shape, output buffers that fit and share no memory with
 another tensor of the call, no torch.func transform active), runs the op's forward (or
 hands the checked call to the op's ``run_bound``) and checks the result inline. Anything else,
-including a call whose written tensors are all empty, is declined: the path raises
+including a call whose written tensors are all empty or that must record autograd history, is declined: the path raises
 ``CallDeclined`` and ``Op`` hands the call's own arguments to ``Signature.bind``, the reference,
 which copies non-contiguous inputs, builds the precise error and returns an empty call's
 outputs. So the generated checks can only ever be stricter, never more lenient, than the
@@ -186,9 +186,18 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
             w.emit(f"if {t}.device.type != 'cpu': break", indent)
         else:
             w.emit(f"if {t}.device != _dev: break", indent)
-        w.emit(f"if not {t}.is_contiguous(): break", indent)
-    if any(decl.optional and decl.dtypes is not None for decl in entry.inputs):
-        raise _Unsupported  # its dtype local would be unbound when the input is absent
+        # An mkldnn tensor says it is contiguous: its layout tells it apart.
+        w.emit(f"if not {t}.is_contiguous() or {t}.layout is not _strided: break", indent)
+    if entry.backward is not None:
+        # A call that must record autograd history goes to the reference bind, which runs it
+        # through the op's autograd node; the flags are read first, as inference calls with
+        # parameters that require grad (under torch.no_grad) are common.
+        tracked = [
+            f"({decl.name} is not None and {decl.name}.requires_grad)" if decl.optional else f"{decl.name}.requires_grad"
+            for decl in entry.inputs
+            if decl.name in entry.backward.grads
+        ]
+        w.emit(f"if ({' or '.join(tracked)}) and _grad_enabled(): break", 1)
     for decl in entry.outputs:
         if decl.dtype_same_as and entry.input(decl.dtype_same_as).optional:
             raise _Unsupported
@@ -209,7 +218,7 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
             w.emit(f"if {o} is not None:", 1)
             w.emit(
                 f"if not isinstance({o}, _Tensor) or {o}.shape != {shapes[i]} or {o}.dtype is not {dtypes[i]} "
-                f"or {o}.device != _dev or not {o}.is_contiguous(): break",
+                f"or {o}.device != _dev or not {o}.is_contiguous() or {o}.layout is not _strided: break",
                 2,
             )
             w.emit(f"_outs = {{**_outs, {o!r}: {o}}}", 2)
@@ -280,11 +289,13 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         "_ABSENT": _ABSENT,
         "_CallDeclined": CallDeclined,
         "_Tensor": torch.Tensor,
+        "_strided": torch.strided,
         "torch": torch,
         "_BoundCall": BoundCall,
         "_check_result": signature.check_result,
         "_overlap": lambda inputs, outs: overlapping(*signature.written_and_read(inputs, outs)) is not None,
         "_transforms_active": torch._C._are_functorch_transforms_active,
+        "_grad_enabled": torch.is_grad_enabled,
         "_params": dict(params),
         "_NO_OUTS": MappingProxyType({}),
         "_NO_DIMS": MappingProxyType({}),

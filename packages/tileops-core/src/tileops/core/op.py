@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import registry
+from . import autograd, registry
 from .call_path import CallDeclined, call_path_factory
 from .device_facts import DeviceFacts
 from .discovery import load_backends
-from .errors import BackendError, OpArgumentError, OpNotAvailableError
+from .errors import BackendError, OpArgumentError, OpNotAvailableError, TileOpsError
 from .introspection import CallSignature, ManifestDoc
 from .kernel import CallSpec, Kernel, KernelInterface
 from .manifest import BoundCall, OpEntry, Signature, load_manifest
@@ -107,6 +107,7 @@ class Op:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.__doc__ = ManifestDoc(cls.__dict__.get("__doc__"), lambda owner: owner.manifest_entry())
+        _op_classes.setdefault(cls.__name__, []).append(cls)
 
     # -- class level: built once per op class ----------------------------------------------
     @classmethod
@@ -115,6 +116,29 @@ class Op:
         if cls.__name__ not in entries:
             raise BackendError(f"{cls.__name__} has no entry in {cls.manifest_file}")
         return entries[cls.__name__]
+
+    @classmethod
+    def wiring(cls) -> autograd.Differentiation | None:
+        """The autograd wiring of a differentiable op (its entry names a backward op), or None."""
+        if "_differentiation_cache" not in cls.__dict__:
+            entry = cls.manifest_entry()
+            wiring = None
+            if entry.backward is not None:
+                wiring = autograd.Differentiation(entry, cls.backward_class().manifest_entry())
+            cls._differentiation_cache = wiring
+        return cls._differentiation_cache
+
+    @classmethod
+    def backward_class(cls) -> type[Op]:
+        """The op class of the backward op the manifest names (defined beside the forward)."""
+        name = cls.manifest_entry().backward.op
+        backward = next((c for c in _op_classes.get(name, ()) if c.manifest_file == cls.manifest_file), None)
+        if backward is None:
+            raise BackendError(
+                f"{cls.__name__}: its manifest entry names the backward op {name}, but no op class of that name "
+                f"reads {cls.manifest_file}; define it in the family's ops module"
+            )
+        return backward
 
     @classmethod
     def signature(cls) -> Signature:
@@ -202,7 +226,15 @@ class Op:
         # implementation of a kernel interface is third-party code: its results are checked.
         self._check_results = bool(registered)
         self._make_call_path(runs_forward=False)
-        self._trace_key = instance_key(self)  # compiled calls run this instance, as eager ones do
+        self.trace_key = instance_key(self)  # compiled calls run this instance, as eager ones do
+        self.differentiation = cls.wiring()
+        #: The backward op that differentiates this instance's calls, with its params and the
+        #: target it asked for (so a target that serves this op serves its backward too, or
+        #: the backward call says that it does not).
+        self.backward_op: Op | None = None
+        if self.differentiation is not None:
+            backward = cls.backward_class()
+            self.backward_op = backward(**self.params, target=target)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -250,9 +282,12 @@ class Op:
         )
 
     def _call_reference(self, args: tuple, kwargs: dict) -> Any:
-        """The reference binder: precise errors, copies of non-contiguous inputs, empty writes."""
+        """The reference binder: precise errors, copies of non-contiguous inputs, empty writes,
+        and calls that record autograd history."""
         signature = self._signature
         call = signature.bind(self.params, args, kwargs)
+        if self.differentiation is not None and self.differentiation.needs_grad(call.inputs):
+            return autograd.run_eager(self, call)
         if signature.writes_nothing(call):
             return signature.empty_result(call)
         return self._run_bound(call)
@@ -260,31 +295,45 @@ class Op:
     def _run_bound(self, call: BoundCall) -> Any:
         target = self._target
         if target is None:
-            return self._bind_and_run(call)
-        return self._run(target, call)
+            return self._bind_and_run(call, saving=False)
+        return self._run(target, call, saving=False)
 
-    def _run(self, target: str, call: BoundCall) -> Any:
+    def run_saving(self, call: BoundCall) -> tuple[Any, tuple]:
+        """Run a checked call of a differentiable op as a differentiated call does: ``(result,
+        statistics)``, the statistics its backward reads as the implementation computed them
+        (None for each it did not: a target's kernel computes only the result)."""
+        target = self._target
+        if target is None:
+            return self._bind_and_run(call, saving=True)
+        return self._run(target, call, saving=True)
+
+    def _run(self, target: str, call: BoundCall, *, saving: bool) -> Any:
+        check = self._signature.check_result
         if target == BUILTIN:
-            return self._signature.check_result(self.forward(*call.inputs, **call.outs), call, "forward")
+            if saving:
+                result, saved = self.forward_saving(*call.inputs, **call.outs)
+                return check(result, call, "forward"), saved
+            return check(self.forward(*call.inputs, **call.outs), call, "forward")
         key = (call.device, *[None if t is None else (t.dtype, t.shape) for t in call.inputs])
         kernel = self._target_kernels.get(key)
         if kernel is None:
             kernel = self._build_target_kernel(target, call, key)
-        return self._signature.check_result(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
+        result = check(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
+        return (result, (None,) * len(self.differentiation.saves)) if saving else result
 
-    def _bind_and_run(self, call: BoundCall) -> Any:
+    def _bind_and_run(self, call: BoundCall, *, saving: bool) -> Any:
         # The choice is published (``self._target``) only once the binding call succeeded. Until
         # then every other thread reads None and waits on the miss lock for the outcome, so no
         # thread runs, builds or caches a kernel of a binding that is then undone: the binding,
         # its undo and the kernel caches change together, under this lock.
         with self._miss_lock:
             if self._target is not None:  # another thread bound it meanwhile
-                return self._run(self._target, call)
+                return self._run(self._target, call, saving=saving)
             target, reason = bind_target(
                 type(self).__name__, self._requested_target, call.device, has_own_kernels=self.has_own_kernels
             )
             try:
-                result = self._run(target, call)
+                result = self._run(target, call, saving=saving)
             except BaseException:
                 # The binding call failed: forget everything built under the choice.
                 self.target_reason = "not bound yet: the call that would have bound it failed"
@@ -341,6 +390,13 @@ class Op:
     def forward(self, *inputs: Any, **outs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} has no in-tree forward")
 
+    def forward_saving(self, *inputs: Any, **outs: Any) -> tuple[Any, tuple]:
+        """A differentiable op's in-tree forward for a call that records autograd history:
+        ``(result, statistics)``, the statistics (those its manifest entry's ``backward.saves``
+        names, in that order) computed by the same pass, or None for each the implementation
+        did not compute."""
+        raise NotImplementedError(f"{type(self).__name__} declares a backward op but defines no forward_saving")
+
     def kernel_for(self, interface: type[KernelInterface], *call: Any) -> Kernel:
         """The implementation of ``interface`` that serves a call: selected, built once per
         build identity, and cached.
@@ -387,7 +443,15 @@ class Op:
         key = implementations.select(call)
         cls = implementations.classes[key]
         where = f"{type(self).__name__}: implementation {key!r} ({cls.__module__}.{cls.__qualname__})"
-        entry = cls.entry_for(call)
+        try:
+            entry = cls.entry_for(call)
+        except TileOpsError:
+            raise  # TileOPs' own errors already say who has to act
+        except Exception as error:
+            raise BackendError(
+                f"{where}: entry_for raised {type(error).__name__}: {error} for {call}. "
+                "This is a fault of that implementation; report it to its authors, or uninstall it"
+            ) from error
         if not (isinstance(entry, tuple) and len(entry) == 2 and callable(entry[1])):
             raise BackendError(f"{where}: entry_for returned {type(entry).__name__}, not (identity, factory)")
         identity, factory = entry
@@ -454,6 +518,10 @@ class Op:
             request = getattr(kernel, "request_tune", None)
             if callable(request):
                 request()
+
+
+#: Op classes by name: a forward finds the backward op its manifest entry names here.
+_op_classes: dict[str, list[type[Op]]] = {}
 
 
 def _reconstruct(cls: type[Op], params: dict[str, Any], target: str | None) -> Op:

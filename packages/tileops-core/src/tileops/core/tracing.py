@@ -12,6 +12,11 @@ call (shapes, dtypes, devices, contiguity, buffers, shared memory) hold as in ea
 call that fails them raises the eager call's error. A call that fails them while it is traced
 is traced with placeholder outputs, so that the error is the one the compiled graph's eager
 call raises when it runs, not one of Dynamo's.
+
+A differentiable op has a third custom op, ``tileops::<OpName>_saving``, for traced calls whose
+inputs require grad: it returns the outputs and then the statistics the backward reads, and
+carries the autograd formula (``autograd.register_formula``) that calls the backward op's
+custom op, so compiled training steps differentiate through it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from . import autograd
 from .errors import OpArgumentError
 
 if TYPE_CHECKING:
@@ -47,7 +53,7 @@ def instance_key(op: Op) -> int:
     return key
 
 
-def _schema(op_class: type[Op], with_buffers: bool) -> str:
+def _schema(op_class: type[Op], with_buffers: bool, saving: bool = False) -> str:
     entry = op_class.manifest_entry()
     arguments = []
     # Every input is optional in the schema: a missing one reaches the eager call's check.
@@ -58,8 +64,9 @@ def _schema(op_class: type[Op], with_buffers: bool) -> str:
     for argument in entry.exec_args:  # None: not passed (the implementation uses its default)
         arguments.append(f"{_PARAM_SCHEMA[argument.type]}? {argument.name}")
     arguments.append("int instance")
-    outputs = ", ".join("Tensor" for _ in entry.outputs)
-    returns = outputs if len(entry.outputs) == 1 else f"({outputs})"
+    count = len(entry.outputs) + (len(entry.backward.saves) if saving else 0)
+    outputs = ", ".join("Tensor" for _ in range(count))
+    returns = outputs if count == 1 else f"({outputs})"
     return f"({', '.join(arguments)}) -> {returns}"
 
 
@@ -95,6 +102,8 @@ def define_custom_op(op_class: type[Op]) -> None:
         if out_keywords:
             op_class._custom_op_with_buffers = _custom_op(op_class, f"{op_class.__name__}_with_buffers", out_keywords, written)
         op_class._custom_op = _custom_op(op_class, op_class.__name__, [], written)
+        if entry.backward is not None and not written:
+            op_class._custom_op_saving = _saving_custom_op(op_class)
 
 
 def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], written: list[str]):
@@ -147,6 +156,76 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
     )
     custom.register_fake(fake)
     return custom
+
+
+def _saving_custom_op(op_class: type[Op]):
+    """The custom op of traced calls that record autograd history: outputs, then statistics."""
+    entry = op_class.manifest_entry()
+    name = op_class.__name__
+    n_inputs, n_outputs = len(entry.inputs), len(entry.outputs)
+    exec_names = [a.name for a in entry.exec_args]
+    backward_entry = op_class.backward_class().manifest_entry()
+    saves = entry.backward.saves
+
+    def split(arguments: tuple):
+        given = {k: v for k, v in zip(exec_names, arguments[n_inputs:-1]) if v is not None}
+        return arguments[:n_inputs], given, arguments[-1]
+
+    def implementation(*arguments):
+        inputs, given, key = split(arguments)
+        op = _instance(key, name)
+        call = op.signature().bind(op.params, inputs, given)
+        result, saved = op.run_saving(call)
+        outputs = (result,) if n_outputs == 1 else tuple(result)
+        saved = op.differentiation.complete_saved(op, call.inputs, outputs, saved)
+        # A custom op's result may alias none of its arguments (an implementation may return a
+        # view of an input where nothing changes).
+        outputs = tuple(r.clone() if _is_input(r, inputs) else r for r in outputs)
+        return (*outputs, *saved)
+
+    def fake(*arguments):
+        inputs, given, key = split(arguments)
+        op = _instance(key, name)
+        try:
+            call = op.signature().bind(op.params, inputs, given, check_overlap=False)
+        except OpArgumentError:
+            outputs = _placeholders(entry, inputs)
+            return (*outputs, *[torch.empty(0, device=outputs[0].device) for _ in saves])
+        outputs = tuple(
+            torch.empty(shape, dtype=dtype, device=call.device)
+            for shape, dtype in zip(call.output_shapes, call.output_dtypes)
+        )
+        tensors = {t.name: value for t, value in zip(entry.inputs, call.inputs)}
+        for t, value in zip(entry.outputs, outputs):
+            tensors[t.name] = tensors[f"d{t.name}"] = value
+        return (*outputs, *_statistics(backward_entry, saves, tensors, op.params, call.device))
+
+    custom = torch.library.custom_op(
+        f"tileops::{name}_saving", implementation, mutates_args=(), schema=_schema(op_class, False, saving=True)
+    )
+    custom.register_fake(fake)
+    autograd.register_formula(op_class, custom, n_inputs, n_outputs, lambda key: _instance(key, name))
+    return custom
+
+
+def _statistics(backward_entry, saves, tensors: dict, params, device) -> list[torch.Tensor]:
+    """Traced statistics of a call: the backward op's declared shapes of ``saves``, with the
+    dimensions its other inputs bind where ``tensors`` (forward inputs and outputs by name, an
+    output's gradient as ``d<output>``) give them; of the declared dtype that matches the call's
+    first input, else the first declared."""
+    dims: dict = {}
+    for decl in backward_entry.inputs:
+        tensor = tensors.get(decl.name)
+        if decl.shape is not None and tensor is not None and decl.name not in saves:
+            decl.shape.match(tuple(tensor.shape), dims, params)
+    first = tensors[backward_entry.inputs[0].name]
+    statistics = []
+    for name in saves:
+        decl = backward_entry.input(name)
+        dtype = decl.dtype_in(first.dtype)
+        shape = decl.shape.expand(lambda dim: params.get(dim) if params.get(dim) is not None else dims.get(dim))
+        statistics.append(torch.empty(shape, dtype=dtype, device=device))
+    return statistics
 
 
 def _placeholder(buffer: torch.Tensor) -> torch.Tensor:
@@ -226,9 +305,15 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
         )
     execution = [given.get(name) for name in exec_args]
     buffers = [outs.get(keyword) for keyword in signature.out_keywords]
+    wiring = op.differentiation
+    if wiring is not None and wiring.needs_grad(inputs):
+        autograd.refuse_buffers(op, {k: v for k, v in outs.items() if v is not None})
+        results = type(op).__dict__["_custom_op_saving"](*inputs, *execution, op.trace_key)
+        n_outputs = len(signature.entry.outputs)
+        return results[0] if n_outputs == 1 else tuple(results[:n_outputs])
     if all(buffer is None for buffer in buffers):
-        return custom(*inputs, *execution, op._trace_key)
-    result = type(op).__dict__["_custom_op_with_buffers"](*inputs, *buffers, *execution, op._trace_key)
+        return custom(*inputs, *execution, op.trace_key)
+    result = type(op).__dict__["_custom_op_with_buffers"](*inputs, *buffers, *execution, op.trace_key)
     results = [result] if len(signature.entry.outputs) == 1 else list(result)
     for keyword, index in signature.out_keywords.items():
         if outs.get(keyword) is not None:

@@ -251,8 +251,9 @@ def check_call(op_class: type[Op], workload: Workload, dtype: Any) -> None:
     signature = op_class.signature()
     try:
         params = signature.bind_params(workload.params)
+        entry = op_class.manifest_entry()
         inputs = {
-            name: torch.empty(shape, dtype=dtype, device="cpu" if op_class.manifest_entry().input(name).cpu else "meta")
+            name: torch.empty(shape, dtype=entry.input(name).dtype_in(dtype), device="cpu" if entry.input(name).cpu else "meta")
             for name, shape in workload.shapes.items()
         }
         signature.bind(params, (), inputs)

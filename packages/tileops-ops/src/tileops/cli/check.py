@@ -128,7 +128,7 @@ def _registrations_for_unknown_ops(op_names: set[str]) -> list[str]:
     for op, what, module in sorted(registered):
         if op not in op_names:
             close = difflib.get_close_matches(op, op_names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; the ops are {', '.join(sorted(op_names))}"
+            hint = f"; the closest op name is {close[0]!r}" if close else f"; the ops are {', '.join(sorted(op_names))}"
             problems.append(f"{module} registered a {what} for {op!r}, which no op class is called{hint}")
     return problems
 
@@ -184,7 +184,7 @@ def _workload_problems(entry: OpEntry) -> list[str]:
             params = signature.bind_params(workload.params)
             for dtype in workload.dtypes:
                 tensors = {
-                    name: torch.empty(shape, dtype=dtype, device="cpu" if entry.input(name).cpu else "meta")
+                    name: torch.empty(shape, dtype=entry.input(name).dtype_in(dtype), device="cpu" if entry.input(name).cpu else "meta")
                     for name, shape in workload.shapes.items()
                 }
                 signature.bind(params, (), tensors)

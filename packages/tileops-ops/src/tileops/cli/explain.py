@@ -110,7 +110,8 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
         shapes = dict(workload.shapes)
         report["call"]["inputs"] = shapes
         # The call's own checks, on meta tensors: the same errors as a call, for any size, free.
-        inputs = {name: torch.empty(shape, dtype=dtype, device="meta") for name, shape in shapes.items()}
+        entry = op_class.manifest_entry()
+        inputs = {name: torch.empty(shape, dtype=entry.input(name).dtype_in(dtype), device="meta") for name, shape in shapes.items()}
         bound = op_class.signature().bind(op.params, (), inputs)
     except TileOpsError as error:
         report["rejected"] = f"{type(error).__name__}: {error}"

@@ -65,14 +65,23 @@ def workload_cases(op_classes) -> Iterator[WorkloadCase]:
 def workload_inputs(
     entry: OpEntry, workload: Workload, dtype: torch.dtype, device: torch.device | str, *, seed: int = 0
 ) -> dict[str, torch.Tensor]:
-    """Random inputs of ``workload`` in ``dtype`` on ``device`` (inputs it omits are absent)."""
+    """Random inputs of ``workload`` in ``dtype`` on ``device`` (inputs it omits are absent);
+    an input the manifest derives from the others (a forward's saved statistics) is computed
+    by its ``derive`` expression instead."""
     generator = torch.Generator().manual_seed(seed)
     inputs = {}
     for decl in entry.inputs:
-        if decl.name in workload.shapes:
+        if decl.name in workload.shapes and decl.derive_code is None:
             tensor = torch.randn(workload.shapes[decl.name], generator=generator, dtype=torch.float32)
-            inputs[decl.name] = tensor.to(device=device, dtype=dtype)
-    return inputs
+            inputs[decl.name] = tensor.to(device=device, dtype=decl.dtype_in(dtype))
+    derived = [decl for decl in entry.inputs if decl.name in workload.shapes and decl.derive_code is not None]
+    if derived:
+        namespace: dict[str, Any] = {decl.name: None for decl in entry.inputs}
+        namespace.update({p.name: p.default for p in entry.params if not p.required}, **workload.params)
+        namespace.update(inputs, torch=torch, F=F)
+        for decl in derived:
+            inputs[decl.name] = evaluate(decl.derive_code, namespace)
+    return {decl.name: inputs[decl.name] for decl in entry.inputs if decl.name in inputs}
 
 
 def reference_outputs(
@@ -182,9 +191,12 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
     first = entry.inputs[0]
     pattern = first.shape
     params = dict(template.params)
-    dims: dict[str, int] = {}
+    dims: dict[str, Any] = {}
+    shape_params = {p.name for p in entry.params}
     for dim in pattern.entries:
-        if dim.group and dim.name is not None and template.params.get(dim.name) is None:
+        # A group a shape param binds needs the param's width; a free group ('*batch') is the
+        # free part of the shape, as '...' is.
+        if dim.group and dim.name in shape_params and template.params.get(dim.name) is None:
             raise ValueError(
                 f"{entry.name}: workload {template.name!r} gives no {dim.name!r}, so the dimensions "
                 f"{first.name}'s {dim.written} covers are unknown"
@@ -203,7 +215,11 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
         elif dim.name is None:
             leading = part
         elif dim.group:
-            params[dim.name] = list(part)
+            if dim.name in shape_params:
+                params[dim.name] = list(part)
+            else:
+                dims[dim.name] = part
+                leading = part
         else:
             (params if dim.name in params else dims)[dim.name] = part[0]
 

@@ -10,12 +10,13 @@ line, ``tileops.testing``); the modules behind them are internal.
 """
 
 from .expressions import evaluate
-from .loader import DTYPES, OpEntry, ParamDecl, TensorDecl, Workload, load_manifest, parse_manifest
+from .loader import DTYPES, BackwardDecl, OpEntry, ParamDecl, TensorDecl, Workload, load_manifest, parse_manifest
 from .shapes import PatternEntry, ShapePattern
 from .signature import BoundCall, Signature
 
 __all__ = [
     "DTYPES",
+    "BackwardDecl",
     "BoundCall",
     "OpEntry",
     "ParamDecl",

@@ -35,7 +35,10 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 
 #: The modules a reference expression may reach through its module names.
-MODULES = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special"})
+MODULES = frozenset({
+    "torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
+    "torch.autograd",  # backward ops' references differentiate their forward's
+})
 #: Attributes no reference expression may name: they read or write files, load code or run
 #: commands, or format objects' internals into strings.
 UNSAFE_ATTRIBUTES = frozenset({

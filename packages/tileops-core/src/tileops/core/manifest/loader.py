@@ -63,10 +63,22 @@ class TensorDecl:
     aliases: str | None = None  # outputs: the written input this output returns
     out: str | None = None  # outputs: keyword of a caller buffer to fill
     doc: str = ""
+    #: inputs: the expression that computes this input from the others where a workload needs
+    #: it (a forward's saved statistics, which random values would contradict); None: random
+    derive: str | None = None
+    derive_code: Any = None
 
     @property
     def written(self) -> bool:
         return self.access != "read"
+
+    def dtype_in(self, dtype: torch.dtype) -> torch.dtype:
+        """This tensor's dtype in a call (a workload, a description) whose tensors are ``dtype``:
+        ``dtype``, except for a derived input whose declaration does not accept it, which gets
+        the first dtype it declares (a float32 statistic beside bfloat16 tensors)."""
+        if self.derive is None or self.dtypes is None or dtype in self.dtypes:
+            return dtype
+        return self.dtypes[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +125,23 @@ class Workload:
 
 
 @dataclasses.dataclass(frozen=True)
+class BackwardDecl:
+    """What a differentiable forward op declares of its backward op.
+
+    ``op`` names the backward op (an entry of the same file). ``saves`` are the backward's
+    inputs the forward's implementation computes in its own pass (per-row statistics);
+    the backward's other inputs are named after what they receive: ``d<output>``, the incoming
+    gradient of a forward output, or the name of a forward input or output. ``grads`` maps each
+    forward input that gets a gradient to the backward output holding it (several inputs may
+    share one, as the two addends of a fused sum do).
+    """
+
+    op: str
+    saves: tuple[str, ...]
+    grads: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
 class OpEntry:
     """One op's validated manifest entry."""
 
@@ -132,6 +161,7 @@ class OpEntry:
     workloads: tuple[Workload, ...]
     roofline: Mapping[str, Any]  # "bytes"/"flops" -> code
     source: str
+    backward: BackwardDecl | None = None  # None: the op is not differentiable
 
     def input(self, name: str) -> TensorDecl:
         return next(t for t in self.inputs if t.name == name)
@@ -233,7 +263,7 @@ def _shape_decl(value: Any, where: _Where, earlier: list[str], shape_params: set
 
 def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_params: set[str], *, output: bool, inputs: dict) -> TensorDecl:
     common = {"dtype", "shape", "doc"}
-    allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "access"})
+    allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "access", "derive"})
     aliased = output and isinstance(value, dict) and "aliases" in value
     spec = _mapping(value, where, allowed, set() if aliased else {"dtype", "shape"})
     fields: dict[str, Any] = {"name": name, "doc": _str(spec.get("doc", ""), where.at("doc"))}
@@ -268,6 +298,8 @@ def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_para
         if not isinstance(access, str) or access not in ACCESS:
             raise where.at("access").error(f"expected one of {', '.join(ACCESS)}, got {shown(access)}")
         fields["access"] = access
+        if "derive" in spec:
+            fields["derive"] = _str(spec["derive"], where.at("derive"))
         if access == "read" and fields["contiguous"]:
             raise where.at("contiguous").error(
                 "only written inputs declare contiguous: inputs that are only read are always made contiguous"
@@ -355,7 +387,7 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
     where = _Where(source, op)
     spec = _mapping(
         value, where,
-        {"family", "summary", "signature", "ref_api", "torch_api", "tolerance", "workloads", "roofline"},
+        {"family", "summary", "signature", "backward", "ref_api", "torch_api", "tolerance", "workloads", "roofline"},
         {"family", "summary", "signature", "ref_api", "tolerance", "workloads", "roofline"},
     )
     sig = _mapping(
@@ -437,6 +469,11 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
 
     reference_names = set(inputs) | param_names | set(REFERENCE_MODULES)
     ref_code = _expression(spec["ref_api"], reference_names, where.at("ref_api"), attributes=True)
+    for name, decl in inputs.items():
+        if decl.derive is not None:
+            code = _expression(decl.derive, reference_names, where.at(f"signature.inputs.{name}.derive"), attributes=True)
+            inputs[name] = dataclasses.replace(decl, derive_code=code)
+    backward = None if "backward" not in spec else _backward(spec["backward"], where.at("backward"), inputs, outputs)
     torch_code = None
     if "torch_api" in spec:
         torch_code = _expression(spec["torch_api"], reference_names, where.at("torch_api"), attributes=True)
@@ -508,7 +545,74 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
         workloads=tuple(workloads),
         roofline=roofline,
         source=source,
+        backward=backward,
     )
+
+
+def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outputs: Mapping[str, TensorDecl]) -> BackwardDecl:
+    """A forward's ``backward:`` declaration, checked against the forward itself; how it fits
+    the backward op's entry is checked once the whole file is read (``_check_backward``)."""
+    spec = _mapping(value, where, {"op", "saves", "grads"}, {"op", "grads"})
+    op = _str(spec["op"], where.at("op"))
+    saves = spec.get("saves") or []
+    if not isinstance(saves, list) or not all(isinstance(name, str) and name.isidentifier() for name in saves):
+        raise where.at("saves").error(f"expected a list of the backward op's input names, got {shown(saves)}")
+    grads = _mapping(spec["grads"], where.at("grads"), set(inputs))
+    if not grads:
+        raise where.at("grads").error("names no input: a backward gives at least one input a gradient")
+    for name, target in grads.items():
+        _str(target, where.at(f"grads.{name}"))
+    taken = set(inputs) | set(outputs) | {f"d{name}" for name in outputs}
+    clash = sorted(set(saves) & taken)
+    if clash:
+        raise where.at("saves").error(f"{', '.join(clash)} already name(s) a forward input, output or output gradient")
+    return BackwardDecl(op, tuple(saves), dict(grads))
+
+
+def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
+    """How each forward's ``backward:`` fits its backward op's entry: the names of the
+    backward's inputs say what each receives, every saved statistic may be omitted (a target's
+    forward does not compute it), the gradients are its outputs and its params are the
+    forward's."""
+    for entry in entries.values():
+        decl = entry.backward
+        if decl is None:
+            continue
+        where = _Where(source, entry.name, "backward")
+        backward = entries.get(decl.op)
+        if backward is None:
+            raise where.at("op").error(f"names {shown(decl.op)}, which has no entry in this file")
+        if backward.backward is not None:
+            raise where.at("op").error(f"{decl.op} declares a backward of its own; double backward is not supported")
+        receives = {t.name for t in entry.inputs} | {t.name for t in entry.outputs}
+        receives |= {f"d{t.name}" for t in entry.outputs} | set(decl.saves)
+        for t in backward.inputs:
+            if t.name not in receives:
+                raise where.error(
+                    f"{decl.op}'s input {t.name!r} is neither a saved statistic ({', '.join(decl.saves) or 'none'}), "
+                    "a forward input or output, nor d<output> (an output's gradient)"
+                )
+        names = {t.name: t for t in backward.inputs}
+        for name in decl.saves:
+            if name not in names:
+                raise where.at("saves").error(f"{name!r} is not an input of {decl.op}")
+            if not names[name].optional:
+                raise where.at("saves").error(
+                    f"{decl.op}'s input {name!r} must be optional: a target's forward does not compute it, and the "
+                    "backward then computes it again"
+                )
+        outputs = {t.name for t in backward.outputs}
+        for name, target in decl.grads.items():
+            if target not in outputs:
+                raise where.at(f"grads.{name}").error(f"{target!r} is not an output of {decl.op} ({', '.join(sorted(outputs))})")
+        unused = sorted(outputs - set(decl.grads.values()))
+        if unused:
+            raise where.at("grads").error(f"{decl.op}'s output(s) {', '.join(unused)} give no input a gradient")
+        if [p.name for p in backward.params] != [p.name for p in entry.params]:
+            raise where.error(
+                f"{decl.op} takes params ({', '.join(p.name for p in backward.params)}); a backward op takes its "
+                f"forward's ({', '.join(p.name for p in entry.params)}), the same op instance's"
+            )
 
 
 def _evaluate_constraints(
@@ -616,7 +720,9 @@ def parse_manifest(text: str, source: str) -> dict[str, OpEntry]:
         return {}
     if not isinstance(document, dict):
         raise ManifestError(f"{source}: the top level must map op class names to entries, got {shown(document)}")
-    return {op: _entry(op, value, source) for op, value in document.items()}
+    entries = {op: _entry(op, value, source) for op, value in document.items()}
+    _check_backward(entries, source)
+    return entries
 
 
 @functools.cache

@@ -5,32 +5,70 @@ line show them; ``command_line`` holds the family's shorthand flags for the ``ti
 """
 
 from .interfaces import (
+    FusedAddLayerNormBwdCall,
+    FusedAddLayerNormBwdInterface,
     FusedAddLayerNormCall,
     FusedAddLayerNormFwdInterface,
+    FusedAddRMSNormBwdCall,
+    FusedAddRMSNormBwdInterface,
     FusedAddRMSNormCall,
     FusedAddRMSNormFwdInterface,
+    LayerNormBwdCall,
+    LayerNormBwdInterface,
     LayerNormCall,
     LayerNormFwdInterface,
     NormCall,
+    RMSNormBwdCall,
+    RMSNormBwdInterface,
     RMSNormCall,
     RMSNormFwdInterface,
 )
-from .ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from .ops import (
+    FusedAddLayerNormBwdOp,
+    FusedAddLayerNormFwdOp,
+    FusedAddRMSNormBwdOp,
+    FusedAddRMSNormFwdOp,
+    LayerNormBwdOp,
+    LayerNormFwdOp,
+    RMSNormBwdOp,
+    RMSNormFwdOp,
+)
 
-OPS = (RMSNormFwdOp, LayerNormFwdOp, FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp)
+OPS = (
+    RMSNormFwdOp,
+    LayerNormFwdOp,
+    FusedAddRMSNormFwdOp,
+    FusedAddLayerNormFwdOp,
+    RMSNormBwdOp,
+    LayerNormBwdOp,
+    FusedAddRMSNormBwdOp,
+    FusedAddLayerNormBwdOp,
+)
 
 __all__ = [
+    "FusedAddLayerNormBwdCall",
+    "FusedAddLayerNormBwdInterface",
+    "FusedAddLayerNormBwdOp",
     "FusedAddLayerNormCall",
     "FusedAddLayerNormFwdInterface",
     "FusedAddLayerNormFwdOp",
+    "FusedAddRMSNormBwdCall",
+    "FusedAddRMSNormBwdInterface",
+    "FusedAddRMSNormBwdOp",
     "FusedAddRMSNormCall",
     "FusedAddRMSNormFwdInterface",
     "FusedAddRMSNormFwdOp",
+    "LayerNormBwdCall",
+    "LayerNormBwdInterface",
+    "LayerNormBwdOp",
     "LayerNormCall",
     "LayerNormFwdInterface",
     "LayerNormFwdOp",
     "NormCall",
     "OPS",
+    "RMSNormBwdCall",
+    "RMSNormBwdInterface",
+    "RMSNormBwdOp",
     "RMSNormCall",
     "RMSNormFwdInterface",
     "RMSNormFwdOp",

@@ -1,8 +1,11 @@
-"""CPU implementations of the norm interfaces, in plain torch.
+"""Plain-torch implementations of the norm interfaces, forward and backward.
 
-They compute in float32 and round once, like the manifest's reference, and are ``general``:
-they serve every CPU call, and any narrower implementation a backend adds beats them. Like
-every implementation of these forward-only ops, they record no autograd history.
+They accumulate in float32 (float64 for float64 inputs) and round once, like the manifest's
+reference. The ``torch_cpu`` ones are ``general``: they serve every CPU call, and any narrower
+implementation a backend adds beats them. The ``torch_float64`` ones serve float64 calls on
+CUDA, which the TileLang kernels do not take (float64 is there for ``gradcheck`` and reference
+work, not for speed). They record no autograd history: the ops' autograd node calls the backward
+op, which runs the backward implementations below.
 """
 
 from __future__ import annotations
@@ -13,18 +16,29 @@ import torch.nn.functional as F
 from tileops.core import Kernel
 
 from .interfaces import (
+    FusedAddLayerNormBwdInterface,
     FusedAddLayerNormFwdInterface,
+    FusedAddRMSNormBwdInterface,
     FusedAddRMSNormFwdInterface,
+    LayerNormBwdInterface,
     LayerNormFwdInterface,
     NormCall,
+    RMSNormBwdInterface,
     RMSNormFwdInterface,
 )
 
 
-class _TorchCpuNorm(Kernel):
+def _wide(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """``tensor`` in the accumulation dtype: float64 stays, anything else becomes float32."""
+    if tensor is None or tensor.dtype == torch.float64:
+        return tensor
+    return tensor.float()
+
+
+class _TorchNorm(Kernel):
     devices = frozenset({"cpu"})
     general = True
-    takes_leading_dims = True  # torch's functions normalise the last dimension of any rank
+    takes_leading_dims = True  # every function below works on the last dimension of any rank
 
     def __init__(self, n: int, eps: float) -> None:
         super().__init__()
@@ -34,37 +48,118 @@ class _TorchCpuNorm(Kernel):
     def entry_for(cls, call: NormCall):
         return (call.n, call.eps), lambda: cls(call.n, call.eps)
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        w = None if weight is None else weight.float()
-        return F.rms_norm(x.float(), (self.n,), w, self.eps).to(x.dtype)
+    # -- forward: (y, statistics) --------------------------------------------------------
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor | None):
+        wide = _wide(x)
+        rstd = torch.rsqrt(wide.square().mean(-1) + self.eps)
+        y = wide * rstd.unsqueeze(-1)
+        if weight is not None:
+            y = y * _wide(weight)
+        return y.to(x.dtype), (rstd,)
 
-    def _layer(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-        w = None if weight is None else weight.float()
-        b = None if bias is None else bias.float()
-        return F.layer_norm(x.float(), (self.n,), w, b, self.eps).to(x.dtype)
+    def _layer(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None):
+        y, mean, rstd = torch.native_layer_norm(_wide(x), (self.n,), _wide(weight), _wide(bias), self.eps)
+        return y.to(x.dtype), (mean.squeeze(-1), rstd.squeeze(-1))
+
+    # -- backward --------------------------------------------------------------------------
+    def _gradients(self, dy, x, weight, mean, rstd, dresidual=None):
+        """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias; mean None for RMSNorm."""
+        dy_w, x_w, rstd = _wide(dy), _wide(x), rstd.unsqueeze(-1)
+        centred = x_w if mean is None else x_w - mean.unsqueeze(-1)
+        xhat = centred * rstd
+        g = dy_w if weight is None else dy_w * _wide(weight)
+        projection = (g * xhat).mean(-1, keepdim=True)
+        dx = rstd * (g - xhat * projection if mean is None else g - g.mean(-1, keepdim=True) - xhat * projection)
+        if dresidual is not None:
+            dx = dx + _wide(dresidual)
+        dweight = (dy_w * xhat).reshape(-1, self.n).sum(0).to(dy.dtype)
+        dbias = dy_w.reshape(-1, self.n).sum(0).to(dy.dtype)
+        return dx.to(dy.dtype), dweight, dbias
 
 
-class TorchCpuRMSNorm(_TorchCpuNorm, RMSNormFwdInterface):
-    @torch.no_grad()
+class TorchCpuRMSNorm(_TorchNorm, RMSNormFwdInterface):
     def forward(self, x, weight):
+        # torch's own function where nothing is saved: the fewest dispatches on a small call.
+        return F.rms_norm(_wide(x), (self.n,), _wide(weight), self.eps).to(x.dtype)
+
+    def forward_saving(self, x, weight):
         return self._rms(x, weight)
 
 
-class TorchCpuLayerNorm(_TorchCpuNorm, LayerNormFwdInterface):
-    @torch.no_grad()
+class TorchCpuLayerNorm(_TorchNorm, LayerNormFwdInterface):
     def forward(self, x, weight, bias):
+        return F.layer_norm(_wide(x), (self.n,), _wide(weight), _wide(bias), self.eps).to(x.dtype)
+
+    def forward_saving(self, x, weight, bias):
         return self._layer(x, weight, bias)
 
 
-class TorchCpuFusedAddRMSNorm(_TorchCpuNorm, FusedAddRMSNormFwdInterface):
-    @torch.no_grad()
+class TorchCpuFusedAddRMSNorm(_TorchNorm, FusedAddRMSNormFwdInterface):
     def forward(self, x, residual, weight):
+        return self.forward_saving(x, residual, weight)[0]
+
+    def forward_saving(self, x, residual, weight):
         total = x + residual
-        return self._rms(total, weight), total
+        y, saved = self._rms(total, weight)
+        return (y, total), saved
 
 
-class TorchCpuFusedAddLayerNorm(_TorchCpuNorm, FusedAddLayerNormFwdInterface):
-    @torch.no_grad()
+class TorchCpuFusedAddLayerNorm(_TorchNorm, FusedAddLayerNormFwdInterface):
     def forward(self, x, residual, weight, bias):
+        return self.forward_saving(x, residual, weight, bias)[0]
+
+    def forward_saving(self, x, residual, weight, bias):
         total = x + residual
-        return self._layer(total, weight, bias), total
+        y, saved = self._layer(total, weight, bias)
+        return (y, total), saved
+
+
+class TorchCpuRMSNormBwd(_TorchNorm, RMSNormBwdInterface):
+    def forward(self, dy, x, weight, rstd):
+        dx, dweight, _ = self._gradients(dy, x, weight, None, rstd)
+        return dx, dweight
+
+
+class TorchCpuLayerNormBwd(_TorchNorm, LayerNormBwdInterface):
+    def forward(self, dy, x, weight, mean, rstd):
+        return self._gradients(dy, x, weight, mean, rstd)
+
+
+class TorchCpuFusedAddRMSNormBwd(_TorchNorm, FusedAddRMSNormBwdInterface):
+    def forward(self, dy, dresidual_sum, residual_sum, weight, rstd):
+        dx, dweight, _ = self._gradients(dy, residual_sum, weight, None, rstd, dresidual_sum)
+        return dx, dweight
+
+
+class TorchCpuFusedAddLayerNormBwd(_TorchNorm, FusedAddLayerNormBwdInterface):
+    def forward(self, dy, dresidual_sum, residual_sum, weight, mean, rstd):
+        return self._gradients(dy, residual_sum, weight, mean, rstd, dresidual_sum)
+
+
+def _float64_on_cuda(cpu_class: type[_TorchNorm]) -> type[_TorchNorm]:
+    """The same implementation for float64 calls on CUDA (the TileLang kernels refuse them)."""
+
+    def refusal(cls, call: NormCall) -> str | None:
+        if call.dtype != torch.float64:
+            return f"serves float64 only (the TileLang kernels serve {call.dtype})"
+        return None
+
+    name = cpu_class.__name__.replace("TorchCpu", "TorchFloat64")
+    namespace = {"devices": frozenset({"cuda"}), "general": False, "refusal": classmethod(refusal), "__module__": __name__}
+    return type(name, (cpu_class,), namespace)
+
+
+#: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
+IMPLEMENTATIONS = {
+    interface: {"torch_cpu": cpu_class, "torch_float64": _float64_on_cuda(cpu_class)}
+    for interface, cpu_class in (
+        (RMSNormFwdInterface, TorchCpuRMSNorm),
+        (LayerNormFwdInterface, TorchCpuLayerNorm),
+        (FusedAddRMSNormFwdInterface, TorchCpuFusedAddRMSNorm),
+        (FusedAddLayerNormFwdInterface, TorchCpuFusedAddLayerNorm),
+        (RMSNormBwdInterface, TorchCpuRMSNormBwd),
+        (LayerNormBwdInterface, TorchCpuLayerNormBwd),
+        (FusedAddRMSNormBwdInterface, TorchCpuFusedAddRMSNormBwd),
+        (FusedAddLayerNormBwdInterface, TorchCpuFusedAddLayerNormBwd),
+    )
+}

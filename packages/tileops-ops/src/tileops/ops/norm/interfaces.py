@@ -1,5 +1,5 @@
 """The norm family's kernel interfaces and call specs: the contract every implementation of
-a normalization (in-tree or a backend's) is written against.
+a normalization, forward or backward (in-tree or a backend's), is written against.
 
 Kernels see row-major, contiguous tensors: ``x`` of shape (m, n) where n is the product of
 ``normalized_shape`` and m of every leading dimension; ``weight`` and ``bias`` of shape (n,) or
@@ -7,6 +7,12 @@ None. The op reshapes its inputs and outputs around them, except for an implemen
 sets ``takes_leading_dims = True``: when ``normalized_shape`` has one dimension, it receives x
 (and residual) as the caller passed them, (..., n) with any number of leading dimensions, and
 returns outputs of that shape.
+
+Saved statistics. A forward that is differentiated is called through ``forward_saving``: its
+result and the per-row statistics its backward reads (``rstd``, and ``mean`` for LayerNorm), of
+shape (m,) in float32 (float64 for float64 inputs), computed by the same pass. The default
+returns None for them: the backward op then computes them again, which a backend's forward may
+accept; the in-tree ones never leave them to it.
 """
 
 from __future__ import annotations
@@ -58,13 +64,47 @@ class FusedAddLayerNormCall(NormCall):
     """A call of ``FusedAddLayerNormFwdInterface``."""
 
 
-class _NormFwdInterface(KernelInterface):
-    """What the four norm interfaces share: the leading-dimensions declaration."""
+@dataclasses.dataclass(frozen=True)
+class RMSNormBwdCall(NormCall):
+    """A call of ``RMSNormBwdInterface`` (``has_bias`` is always False)."""
 
-    #: True when ``forward`` takes x (and residual) of shape (..., n), any number of leading
-    #: dimensions, and returns outputs of that shape: the op then passes the caller's tensors
-    #: without a view (a view costs about a microsecond of host time on a decode call).
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormBwdCall(NormCall):
+    """A call of ``LayerNormBwdInterface``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedAddRMSNormBwdCall(NormCall):
+    """A call of ``FusedAddRMSNormBwdInterface`` (``has_bias`` is always False)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedAddLayerNormBwdCall(NormCall):
+    """A call of ``FusedAddLayerNormBwdInterface``."""
+
+
+class _NormInterface(KernelInterface):
+    """What every norm interface shares: the leading-dimensions declaration."""
+
+    #: True when ``forward`` takes its (m, n) tensors of shape (..., n), any number of leading
+    #: dimensions (and its (m,) statistics of shape (...)), and returns outputs of that shape:
+    #: the op then passes the caller's tensors without a view (a view costs about a
+    #: microsecond of host time on a decode call).
     takes_leading_dims: ClassVar[bool] = False
+
+
+class _NormFwdInterface(_NormInterface):
+    """A forward norm interface: ``forward`` and ``forward_saving``."""
+
+    def forward_saving(self, *args: torch.Tensor | None) -> tuple[object, tuple[torch.Tensor | None, ...]]:
+        """``(forward(*args), statistics)``: the statistics the backward reads, each (m,) in
+        float32 (float64 for float64 inputs), or None for each where this implementation
+        does not compute them (the backward op then computes them again)."""
+        return self.forward(*args), (None,) * self.saved_count
+
+    #: How many statistics ``forward_saving`` returns: rstd, or mean and rstd.
+    saved_count: ClassVar[int] = 1
 
 
 class RMSNormFwdInterface(_NormFwdInterface):
@@ -81,6 +121,7 @@ class RMSNormFwdInterface(_NormFwdInterface):
 
 class LayerNormFwdInterface(_NormFwdInterface):
     call_spec = LayerNormCall
+    saved_count = 2  # mean, rstd
 
     @abc.abstractmethod
     def forward(
@@ -109,6 +150,7 @@ class FusedAddRMSNormFwdInterface(_NormFwdInterface):
 
 class FusedAddLayerNormFwdInterface(_NormFwdInterface):
     call_spec = FusedAddLayerNormCall
+    saved_count = 2  # mean, rstd
 
     @abc.abstractmethod
     def forward(
@@ -119,3 +161,73 @@ class FusedAddLayerNormFwdInterface(_NormFwdInterface):
         bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(layer_norm(s), s)`` where ``s = x + residual`` rounded to x's dtype."""
+
+
+# -- backward --------------------------------------------------------------------------------
+# Every backward takes its forward's saved statistics (given: the op computes any the forward
+# did not save before calling), accumulates in float32 and returns new tensors of dy's dtype:
+# the (m, n) gradient and the (n,) parameter gradients, summed over every row. A parameter
+# gradient is returned even where the forward had no such parameter (that of a unit weight,
+# or of a zero bias): the op drops it.
+
+
+class RMSNormBwdInterface(_NormInterface):
+    call_spec = RMSNormBwdCall
+
+    @abc.abstractmethod
+    def forward(
+        self, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(dx, dweight)`` of ``y = x * rstd * weight``:
+        ``dx = rstd * (g - xhat * mean(g * xhat))`` with ``xhat = x * rstd``, ``g = dy * weight``;
+        ``dweight = sum over rows of dy * xhat``."""
+
+
+class LayerNormBwdInterface(_NormInterface):
+    call_spec = LayerNormBwdCall
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        dy: torch.Tensor,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        mean: torch.Tensor,
+        rstd: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return ``(dx, dweight, dbias)`` of ``y = (x - mean) * rstd * weight + bias``:
+        ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``xhat = (x - mean) * rstd``,
+        ``g = dy * weight``; ``dweight = sum of dy * xhat``, ``dbias = sum of dy`` over rows."""
+
+
+class FusedAddRMSNormBwdInterface(_NormInterface):
+    call_spec = FusedAddRMSNormBwdCall
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        dy: torch.Tensor,
+        dresidual_sum: torch.Tensor,
+        residual_sum: torch.Tensor,
+        weight: torch.Tensor | None,
+        rstd: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(dsum, dweight)``: RMSNorm's ``(dx, dweight)`` of ``residual_sum``, with
+        ``dresidual_sum`` added to dx in the same pass (x and residual both get dsum)."""
+
+
+class FusedAddLayerNormBwdInterface(_NormInterface):
+    call_spec = FusedAddLayerNormBwdCall
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        dy: torch.Tensor,
+        dresidual_sum: torch.Tensor,
+        residual_sum: torch.Tensor,
+        weight: torch.Tensor | None,
+        mean: torch.Tensor,
+        rstd: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return ``(dsum, dweight, dbias)``: LayerNorm's gradients of ``residual_sum``, with
+        ``dresidual_sum`` added to dx in the same pass."""

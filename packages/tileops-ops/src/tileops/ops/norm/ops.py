@@ -1,9 +1,12 @@
-"""The norm family's ops: RMSNorm and LayerNorm forward, alone and fused with a residual add.
+"""The norm family's ops: RMSNorm and LayerNorm, alone and fused with a residual add, forward
+and backward.
 
 Each op builds the call spec its interface takes, runs the implementation selection picks,
 and hands it the input as it takes it: as the caller passed it (the in-tree implementations
-take any leading dimensions) or flattened to (m, n) rows. Constructors take what torch's
-functional API takes.
+take any leading dimensions) or flattened to (m, n) rows, with the per-row statistics as (m,).
+Constructors take what torch's functional API takes; a backward op takes its forward's params.
+The forward ops are differentiable: core's autograd wiring calls ``forward_saving`` and then
+the backward op their manifest entry names.
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ from typing import Any
 
 import torch
 
-from tileops.core import Op
+from tileops.core import Op, derive_input
 
-from . import cpu
+from .cpu import IMPLEMENTATIONS
 from .interfaces import (
+    FusedAddLayerNormBwdInterface,
     FusedAddLayerNormFwdInterface,
+    FusedAddRMSNormBwdInterface,
     FusedAddRMSNormFwdInterface,
+    LayerNormBwdInterface,
     LayerNormFwdInterface,
+    RMSNormBwdInterface,
     RMSNormFwdInterface,
 )
 
@@ -45,6 +52,9 @@ def _aligned(
 
 class _NormOp(Op):
     manifest_file = files("tileops.ops") / "manifest" / "norm.yaml"
+    #: The inputs whose alignment the call spec's ``aligned`` covers, as each forward passes
+    #: them to ``_aligned``: those kernels read with vector accesses (not the per-row statistics).
+    vector_inputs = ("x", "residual", "weight", "bias")
     # The TileLang kernels, key -> class per interface, imported when an op is first built.
     kernel_tables = ("tileops.kernels.cuda.norm:KERNELS",)
 
@@ -72,7 +82,9 @@ class _NormOp(Op):
         gets, built from the facts each forward passes ``kernel_for``."""
         (interface,) = self.kernel_interfaces
         has_weight, has_bias = "weight" in inputs, "bias" in inputs
-        spec = self.call_spec(interface, device, inputs["x"].dtype, has_weight, has_bias, _aligned(*inputs.values()))
+        first = inputs[self.manifest_entry().inputs[0].name]
+        aligned = _aligned(*[inputs[name] for name in self.vector_inputs if name in inputs])
+        spec = self.call_spec(interface, device, first.dtype, has_weight, has_bias, aligned)
         return {interface: spec}
 
     def eps_for(self, dtype: torch.dtype) -> float:
@@ -89,6 +101,22 @@ class _NormOp(Op):
     def _vector(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         """A weight or bias of shape normalized_shape as the (n,) vector kernels take."""
         return tensor if self._one_dim or tensor is None else tensor.view(self.n)
+
+    def _statistics(self, x: torch.Tensor, rows: torch.Tensor, statistics: tuple) -> tuple:
+        """Per-row statistics as the caller's leading dimensions (``rows`` is x as the kernel
+        took it), None left as it is."""
+        if rows is x:
+            return statistics
+        leading = x.shape[: x.dim() - len(self.params["normalized_shape"])]
+        return tuple(None if s is None else s.view(leading) for s in statistics)
+
+    def _row_statistic(self, statistic: torch.Tensor, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """A per-row statistic as a kernel takes it: like ``rows`` without its last dimension."""
+        return statistic if rows is x else statistic.view(-1)
+
+    def _parameter(self, gradient: torch.Tensor) -> torch.Tensor:
+        """A kernel's (n,) parameter gradient in the shape of normalized_shape."""
+        return gradient if self._one_dim else gradient.view(self.params["normalized_shape"])
 
     @staticmethod
     def _deliver(result: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None):
@@ -127,7 +155,7 @@ class RMSNormFwdOp(_NormOp):
     """``torch.nn.functional.rms_norm`` as an op: ``op(x, weight=None, *, out=None)``."""
 
     kernel_interfaces = (RMSNormFwdInterface,)
-    in_tree_kernels = {RMSNormFwdInterface: {"torch_cpu": cpu.TorchCpuRMSNorm}}
+    in_tree_kernels = {RMSNormFwdInterface: IMPLEMENTATIONS[RMSNormFwdInterface]}
 
     def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
@@ -139,12 +167,18 @@ class RMSNormFwdOp(_NormOp):
             return kernel.forward(x, weight)
         return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
 
+    def forward_saving(self, x, weight=None):
+        kernel = self.kernel_for(RMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, weight))
+        rows = self._rows(x, kernel)
+        y, saved = kernel.forward_saving(rows, self._vector(weight))
+        return self._deliver(y, x, rows, None), self._statistics(x, rows, saved)
+
 
 class LayerNormFwdOp(_NormOp):
     """``torch.nn.functional.layer_norm`` as an op: ``op(x, weight=None, bias=None, *, out=None)``."""
 
     kernel_interfaces = (LayerNormFwdInterface,)
-    in_tree_kernels = {LayerNormFwdInterface: {"torch_cpu": cpu.TorchCpuLayerNorm}}
+    in_tree_kernels = {LayerNormFwdInterface: IMPLEMENTATIONS[LayerNormFwdInterface]}
 
     def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
@@ -158,13 +192,21 @@ class LayerNormFwdOp(_NormOp):
             return kernel.forward(x, weight, bias)
         return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
 
+    def forward_saving(self, x, weight=None, bias=None):
+        kernel = self.kernel_for(
+            LayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None, _aligned(x, weight, bias)
+        )
+        rows = self._rows(x, kernel)
+        y, saved = kernel.forward_saving(rows, self._vector(weight), self._vector(bias))
+        return self._deliver(y, x, rows, None), self._statistics(x, rows, saved)
+
 
 class FusedAddRMSNormFwdOp(_NormOp):
     """``rms_norm(x + residual)`` and ``x + residual`` in one pass:
     ``op(x, residual, weight=None, *, out=None, residual_out=None) -> (y, residual_sum)``."""
 
     kernel_interfaces = (FusedAddRMSNormFwdInterface,)
-    in_tree_kernels = {FusedAddRMSNormFwdInterface: {"torch_cpu": cpu.TorchCpuFusedAddRMSNorm}}
+    in_tree_kernels = {FusedAddRMSNormFwdInterface: IMPLEMENTATIONS[FusedAddRMSNormFwdInterface]}
 
     def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
@@ -179,13 +221,21 @@ class FusedAddRMSNormFwdOp(_NormOp):
         result = kernel.forward(rows, self._rows(residual, kernel), self._vector(weight))
         return self._deliver_pair(result, x, rows, out, residual_out)
 
+    def forward_saving(self, x, residual, weight=None):
+        kernel = self.kernel_for(
+            FusedAddRMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, residual, weight)
+        )
+        rows = self._rows(x, kernel)
+        result, saved = kernel.forward_saving(rows, self._rows(residual, kernel), self._vector(weight))
+        return self._deliver_pair(result, x, rows, None, None), self._statistics(x, rows, saved)
+
 
 class FusedAddLayerNormFwdOp(_NormOp):
     """``layer_norm(x + residual)`` and ``x + residual`` in one pass:
     ``op(x, residual, weight=None, bias=None, *, out=None, residual_out=None) -> (y, residual_sum)``."""
 
     kernel_interfaces = (FusedAddLayerNormFwdInterface,)
-    in_tree_kernels = {FusedAddLayerNormFwdInterface: {"torch_cpu": cpu.TorchCpuFusedAddLayerNorm}}
+    in_tree_kernels = {FusedAddLayerNormFwdInterface: IMPLEMENTATIONS[FusedAddLayerNormFwdInterface]}
 
     def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
@@ -200,3 +250,117 @@ class FusedAddLayerNormFwdOp(_NormOp):
             return kernel.forward(x, residual, weight, bias)
         result = kernel.forward(rows, self._rows(residual, kernel), self._vector(weight), self._vector(bias))
         return self._deliver_pair(result, x, rows, out, residual_out)
+
+    def forward_saving(self, x, residual, weight=None, bias=None):
+        kernel = self.kernel_for(
+            FusedAddLayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None,
+            _aligned(x, residual, weight, bias),
+        )
+        rows = self._rows(x, kernel)
+        result, saved = kernel.forward_saving(rows, self._rows(residual, kernel), self._vector(weight), self._vector(bias))
+        return self._deliver_pair(result, x, rows, None, None), self._statistics(x, rows, saved)
+
+
+
+# -- backward ops ------------------------------------------------------------------------------
+# Each takes its forward's params and returns the gradients its manifest entry declares. A
+# statistic the caller does not give (a target's forward saved none) is computed again from
+# the manifest's derive expression; the autograd wiring always gives them.
+
+
+class RMSNormBwdOp(_NormOp):
+    """Gradients of ``RMSNormFwdOp``: ``op(dy, x, weight=None, rstd=None) -> (dx, dweight)``."""
+
+    vector_inputs = ("dy", "x", "weight")
+    kernel_interfaces = (RMSNormBwdInterface,)
+    in_tree_kernels = {RMSNormBwdInterface: IMPLEMENTATIONS[RMSNormBwdInterface]}
+
+    def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, dy, x, weight=None, rstd=None):
+        kernel = self.kernel_for(RMSNormBwdInterface, dy.device, dy.dtype, weight is not None, False, _aligned(dy, x, weight))
+        if rstd is None:
+            rstd = derive_input(self, "rstd", {"dy": dy, "x": x})
+        rows = self._rows(dy, kernel)
+        dx, dweight = kernel.forward(rows, self._rows(x, kernel), self._vector(weight), self._row_statistic(rstd, rows, dy))
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight)
+
+
+class LayerNormBwdOp(_NormOp):
+    """Gradients of ``LayerNormFwdOp``:
+    ``op(dy, x, weight=None, bias=None, mean=None, rstd=None) -> (dx, dweight, dbias)``."""
+
+    vector_inputs = ("dy", "x", "weight")
+    kernel_interfaces = (LayerNormBwdInterface,)
+    in_tree_kernels = {LayerNormBwdInterface: IMPLEMENTATIONS[LayerNormBwdInterface]}
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, dy, x, weight=None, bias=None, mean=None, rstd=None):
+        kernel = self.kernel_for(
+            LayerNormBwdInterface, dy.device, dy.dtype, weight is not None, bias is not None, _aligned(dy, x, weight)
+        )
+        if mean is None or rstd is None:
+            mean, rstd = (derive_input(self, name, {"dy": dy, "x": x}) for name in ("mean", "rstd"))
+        rows = self._rows(dy, kernel)
+        dx, dweight, dbias = kernel.forward(
+            rows, self._rows(x, kernel), self._vector(weight),
+            self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
+        )
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight), self._parameter(dbias)
+
+
+class FusedAddRMSNormBwdOp(_NormOp):
+    """Gradients of ``FusedAddRMSNormFwdOp``:
+    ``op(dy, dresidual_sum, residual_sum, weight=None, rstd=None) -> (dsum, dweight)``; dsum is
+    the gradient of both x and residual."""
+
+    vector_inputs = ("dy", "dresidual_sum", "residual_sum", "weight")
+    kernel_interfaces = (FusedAddRMSNormBwdInterface,)
+    in_tree_kernels = {FusedAddRMSNormBwdInterface: IMPLEMENTATIONS[FusedAddRMSNormBwdInterface]}
+
+    def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, dy, dresidual_sum, residual_sum, weight=None, rstd=None):
+        kernel = self.kernel_for(
+            FusedAddRMSNormBwdInterface, dy.device, dy.dtype, weight is not None, False,
+            _aligned(dy, dresidual_sum, residual_sum, weight),
+        )
+        if rstd is None:
+            rstd = derive_input(self, "rstd", {"dy": dy, "residual_sum": residual_sum})
+        rows = self._rows(dy, kernel)
+        dsum, dweight = kernel.forward(
+            rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
+            self._row_statistic(rstd, rows, dy),
+        )
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight)
+
+
+class FusedAddLayerNormBwdOp(_NormOp):
+    """Gradients of ``FusedAddLayerNormFwdOp``:
+    ``op(dy, dresidual_sum, residual_sum, weight=None, bias=None, mean=None, rstd=None)
+    -> (dsum, dweight, dbias)``; dsum is the gradient of both x and residual."""
+
+    vector_inputs = ("dy", "dresidual_sum", "residual_sum", "weight")
+    kernel_interfaces = (FusedAddLayerNormBwdInterface,)
+    in_tree_kernels = {FusedAddLayerNormBwdInterface: IMPLEMENTATIONS[FusedAddLayerNormBwdInterface]}
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+
+    def forward(self, dy, dresidual_sum, residual_sum, weight=None, bias=None, mean=None, rstd=None):
+        kernel = self.kernel_for(
+            FusedAddLayerNormBwdInterface, dy.device, dy.dtype, weight is not None, bias is not None,
+            _aligned(dy, dresidual_sum, residual_sum, weight),
+        )
+        if mean is None or rstd is None:
+            mean, rstd = (derive_input(self, name, {"dy": dy, "residual_sum": residual_sum}) for name in ("mean", "rstd"))
+        rows = self._rows(dy, kernel)
+        dsum, dweight, dbias = kernel.forward(
+            rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
+            self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
+        )
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight), self._parameter(dbias)

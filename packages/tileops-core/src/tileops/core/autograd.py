@@ -1,0 +1,200 @@
+"""Autograd for every differentiable op, wired once from the manifest's ``backward:`` declarations.
+
+A forward op whose entry names a backward op is differentiable. ``Differentiation`` reads both
+entries once per op class and knows, for each input of the backward op, what it receives: the
+incoming gradient of a forward output (``d<output>``), a forward input or output, or a statistic
+the forward saved. An eager call whose differentiable inputs require grad runs through one
+``torch.autograd.Function`` node (``run_eager``): its forward runs the op's saving forward (the
+implementation computes the statistics in its own pass), its backward calls the op instance's
+backward op, through that op's own checks, selection and target like any call. Under
+``torch.compile`` the op's saving custom op carries the same formula (``register_formula``), calling
+the backward op's custom op. Calls without grad (``torch.no_grad``, inference mode, inputs that do
+not require grad) never come here: they save nothing and cost nothing more.
+
+A statistic that an implementation did not save (a target's forward computes only the outputs) is
+computed by the backward input's ``derive`` expression, the same one workloads use, so that the
+backward always receives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from .errors import OpArgumentError, OpNotAvailableError
+from .manifest import OpEntry, evaluate
+
+if TYPE_CHECKING:
+    from .manifest import BoundCall
+    from .op import Op
+
+# Where each input of a backward op comes from.
+_GRAD, _INPUT, _OUTPUT, _SAVED = "grad", "input", "output", "saved"
+
+
+class Differentiation:
+    """What the autograd wiring of one forward op class needs, derived from its manifest entry
+    and its backward op's."""
+
+    def __init__(self, forward: OpEntry, backward: OpEntry) -> None:
+        decl = forward.backward
+        assert decl is not None and decl.op == backward.name
+        self.forward, self.backward = forward, backward
+        self.saves = decl.saves
+        inputs = [t.name for t in forward.inputs]
+        outputs = [t.name for t in forward.outputs]
+        #: Forward input positions that get a gradient.
+        self.differentiable = tuple(i for i, name in enumerate(inputs) if name in decl.grads)
+        #: (kind, index) per backward input, in the backward op's order.
+        self.sources: list[tuple[str, int]] = []
+        for t in backward.inputs:
+            if t.name in self.saves:
+                self.sources.append((_SAVED, self.saves.index(t.name)))
+            elif t.name in inputs:
+                self.sources.append((_INPUT, inputs.index(t.name)))
+            elif t.name in outputs:
+                self.sources.append((_OUTPUT, outputs.index(t.name)))
+            else:  # the loader has checked that it is d<output>
+                self.sources.append((_GRAD, outputs.index(t.name[1:])))
+        backward_outputs = [t.name for t in backward.outputs]
+        #: Per forward input: the position of its gradient among the backward op's outputs, or None.
+        self.gradient_of = tuple(
+            backward_outputs.index(decl.grads[name]) if name in decl.grads else None for name in inputs
+        )
+        #: The autograd Function of eager calls, named after the op (``y.grad_fn`` shows
+        #: ``<OpName>Backward``).
+        self.node = type(forward.name, (_Node,), {"__module__": __name__})
+
+    def needs_grad(self, inputs: Sequence[Any]) -> bool:
+        """Whether a call with ``inputs`` must record an autograd node."""
+        if not torch.is_grad_enabled():
+            return False
+        return any(isinstance(inputs[i], torch.Tensor) and inputs[i].requires_grad for i in self.differentiable)
+
+    def complete_saved(self, op: Op, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], saved: Sequence[Any]) -> tuple:
+        """``saved`` with every statistic an implementation left as None computed by the
+        backward input's ``derive`` expression (from the forward's inputs, outputs and params)."""
+        if all(s is not None for s in saved):
+            return tuple(saved)
+        tensors: dict[str, Any] = {t.name: value for t, value in zip(self.forward.inputs, inputs)}
+        for t, value in zip(self.forward.outputs, outputs):
+            tensors[t.name] = tensors[f"d{t.name}"] = value  # an output's gradient has its dtype and shape
+        return tuple(
+            derive_input(op.backward_op, name, tensors) if value is None else value for name, value in zip(self.saves, saved)
+        )
+
+    def backward_arguments(self, grads: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any], saved: Sequence[Any]) -> list:
+        """The backward op's inputs, in its order."""
+        pools = {_GRAD: grads, _INPUT: inputs, _OUTPUT: outputs, _SAVED: saved}
+        return [pools[kind][index] for kind, index in self.sources]
+
+    def input_gradients(self, results: Any, inputs: Sequence[Any], needed: Sequence[bool]) -> list:
+        """Per forward input: its gradient among the backward op's ``results``, or None (not
+        differentiable, absent from the call, or not needed)."""
+        results = results if isinstance(results, tuple) else (results,)
+        return [
+            None if index is None or value is None or not need else results[index]
+            for index, value, need in zip(self.gradient_of, inputs, needed)
+        ]
+
+
+def derive_input(op: Op, name: str, tensors: dict[str, Any]) -> torch.Tensor:
+    """``op``'s input ``name`` computed by its manifest ``derive`` expression from ``tensors``
+    (by name) and the op's params: a statistic a forward did not save, computed again."""
+    entry = type(op).manifest_entry()
+    code = entry.input(name).derive_code
+    if code is None:
+        raise OpNotAvailableError(
+            f"{entry.name}: input {name!r} was not given and the manifest gives no derive expression to compute it"
+        )
+    namespace: dict[str, Any] = {t.name: None for t in entry.inputs}
+    namespace.update(tensors, **op.params, torch=torch, F=F)
+    with torch.no_grad():
+        return evaluate(code, namespace)
+
+
+def refuse_buffers(op: Op, outs: dict) -> None:
+    """Output buffers and autograd do not mix (as torch's ``out=`` functions): say so, by name."""
+    buffers = [name for name in outs if name in op.signature().out_keywords]
+    if buffers:
+        raise OpArgumentError(
+            f"{type(op).__name__}: output buffer(s) {', '.join(buffers)} cannot be filled by a call that records "
+            "autograd history (an input requires grad); call it under torch.no_grad(), or without the buffer"
+        )
+
+
+def refuse_double_backward(op_name: str, backward_name: str) -> None:
+    """The gradients of a backward op's gradients are not computed: refuse a backward pass
+    that would record them (``create_graph=True``), naming both ops."""
+    if torch.is_grad_enabled():
+        raise OpNotAvailableError(
+            f"{op_name}: double backward is not supported: {backward_name} records no autograd history, so the "
+            "gradient of its gradients (create_graph=True, e.g. a gradient penalty) cannot be computed"
+        )
+
+
+class _Node(torch.autograd.Function):
+    """The one autograd node of an eager differentiable call."""
+
+    @staticmethod
+    def forward(ctx, op: Op, call: BoundCall, *inputs: Any):
+        wiring = op.differentiation
+        result, saved = op.run_saving(call)
+        outputs = result if isinstance(result, tuple) else (result,)
+        saved = wiring.complete_saved(op, inputs, outputs, saved)
+        ctx.op = op
+        ctx.single = not isinstance(result, tuple)
+        ctx.save_for_backward(*inputs, *outputs, *saved)
+        ctx.counts = (len(inputs), len(outputs))
+        return result
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        op = ctx.op
+        wiring = op.differentiation
+        refuse_double_backward(type(op).__name__, wiring.backward.name)
+        tensors = ctx.saved_tensors
+        n_inputs, n_outputs = ctx.counts
+        inputs = tensors[:n_inputs]
+        outputs = tensors[n_inputs : n_inputs + n_outputs]
+        saved = tensors[n_inputs + n_outputs :]
+        results = op.backward_op(*wiring.backward_arguments(grads, inputs, outputs, saved))
+        gradients = wiring.input_gradients(results, inputs, ctx.needs_input_grad[2:])
+        return (None, None, *gradients)
+
+
+def run_eager(op: Op, call: BoundCall) -> Any:
+    """An eager call that records autograd history: one node, its backward the backward op."""
+    refuse_buffers(op, call.outs)
+    return op.differentiation.node.apply(op, call, *call.inputs)
+
+
+def register_formula(op_class: type[Op], saving_op: Any, n_inputs: int, n_outputs: int, instance_of) -> None:
+    """Register, on the custom op ``saving_op`` (inputs..., execution arguments..., instance ->
+    outputs..., statistics...), the formula ``torch.compile`` differentiates: its backward calls
+    the backward op instance's custom op. ``instance_of(key)`` is the op instance a key names."""
+
+    def setup_context(ctx, inputs, output):
+        ctx.key = inputs[-1]
+        ctx.present = [t is not None for t in inputs[:n_inputs]]
+        ctx.save_for_backward(*[t for t in inputs[:n_inputs] if t is not None], *output)
+
+    def backward(ctx, *grads):
+        op = instance_of(ctx.key)
+        wiring = op.differentiation
+        refuse_double_backward(type(op).__name__, wiring.backward.name)
+        tensors = list(ctx.saved_tensors)
+        inputs = [tensors.pop(0) if present else None for present in ctx.present]
+        outputs, saved = tensors[:n_outputs], tensors[n_outputs:]
+        arguments = wiring.backward_arguments(grads[:n_outputs], inputs, outputs, saved)
+        backward_op = op.backward_op
+        custom = type(backward_op).__dict__["_custom_op"]
+        n_exec = len(wiring.backward.exec_args)
+        results = custom(*arguments, *[None] * n_exec, backward_op.trace_key)
+        gradients = wiring.input_gradients(results, inputs, ctx.needs_input_grad[:n_inputs])
+        return (*gradients, *[None] * (len(ctx.needs_input_grad) - n_inputs))
+
+    torch.library.register_autograd(saving_op, backward, setup_context=setup_context)
