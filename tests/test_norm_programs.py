@@ -487,3 +487,142 @@ def test_an_evict_first_build_where_there_is_none_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="cache_priorities=False"):
         programs.make_program("add_rms_norm", 4096, torch.bfloat16, 1e-5, True, False, evict_first_inputs=True,
                               cache_priorities=False, **config)
+
+
+# -- saved statistics: the programs with save_stats and forward_saving's twin kernel ------------
+
+SAVING_BUILDS = [
+    # (kind, variant, n, dtype, build, leading): each mode, the scalar variant cached and streamed,
+    # the few-row and evict-first builds, and 0-2 leading dimensions.
+    ("rms_norm", "register", 4096, torch.bfloat16, "main", 1),
+    ("layer_norm", "register", 256, torch.float16, "main", 0),
+    ("add_layer_norm", "shared", 1000, torch.bfloat16, "main", 2),
+    ("layer_norm", "streamed", 16384, torch.bfloat16, "main", 1),
+    ("add_rms_norm", "streamed", 100000, torch.bfloat16, "main", 1),
+    ("layer_norm", "scalar", 1001, torch.float32, "main", 1),
+    ("add_layer_norm", "scalar", 100003, torch.float32, "main", 0),
+    ("layer_norm", "streamed", 2048, torch.bfloat16, "few_rows", 2),
+    ("add_layer_norm", "register", 1024, torch.bfloat16, "evict_first", 1),
+]
+
+
+def _build_config(kind, variant, n, dtype, build):
+    config = policy.launch_config(kind, variant, n, dtype)
+    if build == "few_rows":
+        return policy.few_row_config(kind, n, dtype, config)
+    return {**config, "evict_first_inputs": True} if build == "evict_first" else config
+
+
+@pytest.mark.parametrize(("kind", "variant", "n", "dtype", "build", "leading"), SAVING_BUILDS,
+                         ids=[f"{k}-{v}-{n}-{b}-{lead}" for k, v, n, _, b, lead in SAVING_BUILDS])
+def test_save_stats_off_is_the_program_as_before_and_on_adds_only_the_statistics(kind, variant, n, dtype, build, leading):
+    # Without the flag the plain builds keep their program text (the C++ launch path and the
+    # measured kernels stay as they are). With it, the text differs by the two arguments (one for
+    # the rms kinds) and their stores by the row's first thread, once per row.
+    import difflib
+
+    layer = kind.endswith("layer_norm")
+    config = {**_build_config(kind, variant, n, dtype, build), "leading": leading}
+    args = (kind, n, dtype, 1e-5, True, layer)
+    plain = programs.make_program(*args, **config).script()
+    assert programs.make_program(*args, save_stats=False, **config).script() == plain
+    saving = programs.make_program(*args, save_stats=True, **config).script()
+    removed, added = [], []
+    for line in difflib.unified_diff(plain.splitlines(), saving.splitlines(), lineterm="", n=0):
+        if line.startswith(("---", "+++", "@@")):
+            continue
+        (removed if line.startswith("-") else added).append(line[1:].strip())
+    statistics = ["mean_in", "rstd_in"] if layer else ["rstd_in"]
+    assert len(removed) == 1 and removed[0].startswith("def main(") and removed[0].endswith("):")
+    assert added[0] == removed[0][:-2] + "".join(
+        f", {name}: T.Buffer((), \"float32\")" if leading == 0 else f", {name}_handle: T.handle" for name in statistics
+    ) + "):"
+    body = [line for line in added[1:] if not line.startswith(tuple(f"{name} = T.match_buffer(" for name in statistics))]
+    stores = [line for line in body if line.startswith(("rstd_out[", "mean_out["))]
+    assert body[0] == "if lane == 0:" and len(stores) == len(statistics), body
+    assert all("_out" in line for line in body[1:]), body
+
+
+def test_forward_saving_launches_the_twin_build_the_call_chooses_and_returns_the_statistics(cpu_kernels):
+    kernel = _norm_kernel("add_layer_norm", "register", 1024, torch.bfloat16, has_bias=True)
+    x, r, b = torch.zeros(2, 3, 1024, dtype=torch.bfloat16), torch.ones(2, 3, 1024, dtype=torch.bfloat16), torch.ones(1024)
+    (y, total), (mean, rstd) = kernel.forward_saving(x, r, None, b)
+    config, rank, tensors = cpu_kernels.launched[-1]
+    assert rank == 3 and config == kernel.build_plan(kernel.default_config()).builds["few_rows"]  # 6 rows
+    assert tensors[:3] == (x, r, b) and [t.data_ptr() for t in tensors[3:]] == [t.data_ptr() for t in (y, total, mean, rstd)]
+    assert y.shape == total.shape == x.shape and y.dtype == total.dtype == x.dtype
+    assert mean.shape == rstd.shape == (2, 3) and mean.dtype == rstd.dtype == torch.float32
+    twin = kernel._saving_twin
+    assert twin.save_stats and not kernel.save_stats and twin.config == kernel.config
+    assert list(twin.compiled) == list(kernel.compiled) and sorted(twin.compiled["few_rows"]) == [3]
+    assert not twin.compiled["main"]  # the twin compiles a rank on its first call, not with itself
+    kernel.forward_saving(torch.zeros(5121, 1024, dtype=torch.bfloat16), torch.zeros(5121, 1024, dtype=torch.bfloat16), None, b)
+    assert cpu_kernels.launched[-1][0] == kernel.build_plan(kernel.default_config()).builds["evict_first"]
+
+    rms = _norm_kernel("rms_norm", "register", 4096, torch.bfloat16)
+    one_row, weight = torch.zeros(4096, dtype=torch.bfloat16), torch.ones(4096, dtype=torch.bfloat16)
+    y, statistics = rms.forward_saving(one_row, weight)
+    assert y.shape == one_row.shape and len(statistics) == 1 and statistics[0].shape == ()  # a 1-D x: one 0-dim rstd
+    assert cpu_kernels.launched[-1][1] == 1 and cpu_kernels.launched[-1][2][:2] == (one_row, weight)
+
+
+def test_plain_calls_keep_the_cpp_launch_path_and_only_the_twin_compiles_with_save_stats(cpu_kernels, monkeypatch):
+    from tileops.kernels.cuda import fast_launch
+    from tileops.kernels.cuda.kernel import TileLangKernel
+
+    monkeypatch.setattr(fast_launch, "launcher", lambda fallback, *args, **kwargs: ("C++ launcher", fallback))
+    kernel = _norm_kernel("rms_norm", "register", 4096, torch.bfloat16)
+    assert kernel.forward[0] == "C++ launcher"
+    kernel.forward_saving(torch.zeros(8, 4096, dtype=torch.bfloat16), None)
+    twin = kernel._saving_twin
+    assert twin._fast_forward is None and twin.forward.__func__ is TileLangKernel.forward  # the Python forward
+    compiled = []
+    monkeypatch.setattr(programs, "compile_config", lambda *args, **config: compiled.append(config))
+    config = kernel.default_config()
+    kernel.compile(config, 2)
+    twin.compile(config, 2)
+    assert compiled == [{**config, "leading": 1}, {**config, "leading": 1, "save_stats": True}]
+
+
+def test_after_tuning_the_next_saving_call_gets_a_twin_of_the_tuned_configuration(cpu_kernels, monkeypatch):
+    from tileops.kernels.cuda import tuning
+
+    kernel = _norm_kernel("layer_norm", "shared", 4096, torch.bfloat16, has_bias=True)
+    x = torch.zeros(4096, 4096, dtype=torch.bfloat16)
+    kernel.forward_saving(x, None, None)
+    before = kernel._saving_twin
+    tuned = {**kernel.default_config(), "rows": 2}
+    monkeypatch.setattr(tuning, "chosen", lambda *args: tuned)  # what tuning remembered
+    kernel._use(tuned)  # as tuning does with the configuration it chose
+    kernel.forward_saving(x, None, None)
+    assert kernel._saving_twin is not before and kernel._saving_twin.config == kernel.config
+    assert cpu_kernels.launched[-1][0] == tuned
+
+
+SAVING_COMPILE = """
+import torch
+from tileops.kernels.cuda.norm import policy, programs
+target = {"kind": "cuda", "arch": "sm_90"}
+# One saving build per kind: the stores, the 0-dim statistics of a 1-D x, the streamed layer norm.
+for kind, variant, n, dtype, leading in [("rms_norm", "register", 4096, torch.bfloat16, 1),
+                                         ("layer_norm", "streamed", 16384, torch.bfloat16, 2),
+                                         ("add_rms_norm", "scalar", 1001, torch.float32, 0),
+                                         ("add_layer_norm", "shared", 4096, torch.float16, 1)]:
+    config = policy.launch_config(kind, variant, n, dtype)
+    kernel = programs.compile_config(kind, n, dtype, 1e-5, True, kind.endswith("layer_norm"), target,
+                                     leading=leading, save_stats=True, **config)
+    source = kernel.get_kernel_source()
+    declaration = next(line for line in source.splitlines() if "__global__" in line)
+    print(kind, "float* __restrict__ mean_out" in declaration, "float* __restrict__ rstd_out" in declaration,
+          source.count("rstd_out["), source.count("mean_out["), "__fmul_rn" in source)
+"""
+
+
+@pytest.mark.compile
+def test_one_saving_build_per_kind_compiles_for_sm90(tmp_path):
+    result = run_python(SAVING_COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line for line in result.stdout.splitlines() if line.split()[0] in policy.KINDS]
+    # The layer norms store a mean of its own product, so that y keeps the plain build's roundings.
+    assert lines == ["rms_norm False True 1 0 False", "layer_norm True True 1 1 True", "add_rms_norm False True 1 0 False",
+                     "add_layer_norm True True 1 1 True"], result.stdout[-2000:]

@@ -14,11 +14,17 @@ a few-row build for calls of at most ``policy.FEW_ROWS`` rows (``policy.few_row_
 in the fused kinds' register variant, one for calls whose x straddles the L2
 (``policy.evict_first_elements``).
 
+A differentiated call goes through ``forward_saving``, which also returns the statistics the
+backward reads, written by the same pass: it launches a twin kernel (``_saving_class``) of the
+same configuration and builds whose programs also write them (``make_program``'s ``save_stats``),
+so that plain calls keep programs that write nothing more and their C++ launch path.
+
 Importing this module does not import tilelang; building a kernel does.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import torch
@@ -51,6 +57,8 @@ class _TileLangNorm(TileLangKernel):
     variant: ClassVar[str]
     takes_leading_dims = True
     ranks_built_eagerly = (2,)  # the usual (m, n) rows are compiled with the kernel, not on a call
+    #: True in the twin that ``forward_saving`` launches: its programs also write the statistics.
+    save_stats: ClassVar[bool] = False
 
     def __init__(self, call: NormCall) -> None:
         super().__init__(call.device, call)
@@ -87,10 +95,32 @@ class _TileLangNorm(TileLangKernel):
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
         call = self.params
+        saving = {"save_stats": True} if self.save_stats else {}  # plain builds: the programs as before the flag
         return programs.compile_config(
             self.kind, call.n, call.dtype, call.eps, call.has_weight, call.has_bias, self.tilelang_target,
-            leading=rank - 1, **config,
+            leading=rank - 1, **config, **saving,
         )
+
+    def _use(self, config: dict[str, Any]) -> None:
+        super()._use(config)
+        # A configuration tuning chose: the twin is made again, with it, on the next saving call.
+        self._saving_twin = None
+
+    def forward_saving(self, *args: torch.Tensor | None) -> tuple[Any, tuple[torch.Tensor, ...]]:
+        """``(forward(*args), statistics)``: rstd of every row, after its mean for the layer-norm
+        kinds, float32 of x's leading shape, as the pass that normalised the row computed them.
+
+        They come from this kernel's twin: the same configuration and builds, chosen per call
+        alike, whose programs also write them; it is made (and its builds compiled) on the first
+        saving call, so that inference never pays for it. A pending tuning request waits for the
+        next plain call: tuning times the plain builds, and the twin then follows.
+        """
+        twin = self._saving_twin
+        if twin is None:
+            twin = self._saving_twin = _saving_class(type(self))(self.params)
+        results = twin.forward(*args)
+        count = len(self.outputs)
+        return (results[0] if count == 1 else results[:count]), results[count:]
 
     def tuning_subject(self, sized: torch.Tensor) -> str:
         n, dtype = self.params.n, self.params.dtype
@@ -104,6 +134,36 @@ class _TileLangNorm(TileLangKernel):
     def entry_for(cls, call: NormCall):
         identity = (call.device, call.n, call.dtype, call.eps, call.has_weight, call.has_bias)
         return identity, lambda: cls(call)
+
+
+def _like_x(arguments: tuple, call: NormCall) -> tuple[int, ...]:
+    return arguments[0].shape
+
+
+def _x_dtype(arguments: tuple, call: NormCall) -> torch.dtype:
+    return arguments[0].dtype
+
+
+def _rows_of_x(arguments: tuple, call: NormCall) -> tuple[int, ...]:
+    return arguments[0].shape[:-1]
+
+
+def _float32(arguments: tuple, call: NormCall) -> torch.dtype:
+    return torch.float32
+
+
+@functools.cache
+def _saving_class(cls: type[_TileLangNorm]) -> type[_TileLangNorm]:
+    """The twin of ``cls`` that ``forward_saving`` launches: its programs also write the
+    statistics, which its outputs add (one per ``saved_count``, in the programs' order).
+
+    The shared runtime allocates either every output like an argument (which the C++ launch
+    path does) or every one from shape functions, so y and s are declared from x's shape here
+    too: the twin takes the Python forward. It compiles each rank on its first call.
+    """
+    outputs = (Output.computed(_like_x, _x_dtype),) * len(cls.outputs)
+    outputs += (Output.computed(_rows_of_x, _float32),) * cls.saved_count
+    return type(f"{cls.__name__}Saving", (cls,), {"save_stats": True, "outputs": outputs, "ranks_built_eagerly": ()})
 
 
 # Each program takes the interface's arguments in its order (an absent weight or bias left out),

@@ -32,8 +32,11 @@ Kernel call convention (positional, caller-allocated outputs, no out_idx)::
 
 An argument in brackets is absent from the call (not passed as None) when its
 flag (``has_weight`` / ``has_bias``) is False. x, residual, y and s are (..., N),
-M >= 1 rows; weight and bias are (N,). The kernel launches on torch's current
-stream, does not synchronise and allocates nothing. Every tensor must be
+M >= 1 rows; weight and bias are (N,). A build with ``save_stats`` also takes,
+last, the statistics it normalised each row with (of s for the fused kinds), as
+the backward reads them: ``mean`` (the layer-norm kinds only) and ``rstd``,
+float32 of shape (...), x's leading dimensions. The kernel launches on torch's
+current stream, does not synchronise and allocates nothing. Every tensor must be
 contiguous and on the same device.
 
 Importing this module does not import tilelang (that costs seconds and the
@@ -70,6 +73,7 @@ def make_program(
     leading: int = 1,
     cache_priorities: bool = True,
     evict_first_inputs: bool = False,
+    save_stats: bool = False,
 ):
     """The TileLang PrimFunc for one configuration (see ``launch_config``).
 
@@ -84,7 +88,10 @@ def make_program(
     loads may carry eviction priorities (PTX of sm_80 and later; ``compile_config``
     decides from the target): the streamed mode's always do; evict_first_inputs:
     load x and the residual "evict first" (the fused kinds in registers with 16-byte
-    vectors and cache priorities; see ``evict_first_elements``).
+    vectors and cache priorities; see ``evict_first_elements``); save_stats: also
+    write each row's mean (layer-norm kinds) and rstd, once, by the row's first
+    thread (every thread of a row holds them once reduced); without it the program
+    is the one built before the flag existed.
     """
     check_kind(kind, has_bias)
     if n % vec or tpr & (tpr - 1) or tpr * rows > MAX_THREADS:
@@ -127,6 +134,8 @@ def make_program(
     s_t = T.Tensor((*batch, n), dt) if fused else absent
     w_t = T.Tensor((n,), dt) if has_weight else absent
     b_t = T.Tensor((n,), dt) if has_bias else absent
+    mean_t = T.Tensor(tuple(batch), f32) if save_stats and layer else absent
+    rstd_t = T.Tensor(tuple(batch), f32) if save_stats else absent
 
     def f(e):
         return T.cast(e, f32)
@@ -191,12 +200,15 @@ def make_program(
                     acc[i] = acc[i] + red[i * rows * warps_per_row + (tx // tpr) * warps_per_row + k]
 
     @T.prim_func
-    def main(x_in: x_t, r_in: r_t, w: w_t, b: b_t, y_in: y_t, s_in: s_t):
+    def main(x_in: x_t, r_in: r_t, w: w_t, b: b_t, y_in: y_t, s_in: s_t, mean_in: mean_t, rstd_in: rstd_t):
         # The kernel body indexes (row, column) views of the caller's tensors.
         x = T.reshape(x_in, (m, n))
         y = T.reshape(y_in, (m, n))
         r = T.reshape(r_in, (m, n)) if fused else r_in
         s = T.reshape(s_in, (m, n)) if fused else s_in
+        # The statistics as (m,) views of their data (T.reshape refuses the 0-dim one of a single row).
+        mean_out = T.Tensor((m,), f32, mean_in.data) if save_stats and layer else mean_in
+        rstd_out = T.Tensor((m,), f32, rstd_in.data) if save_stats else rstd_in
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
             if hinted:
                 T.import_source(_PRIORITY_LOADS)
@@ -301,6 +313,16 @@ def make_program(
             # Pass 2: normalise from the cached row, or re-read it (s holds the
             # rounded sum in the fused kinds) and normalise.
             if row < m:
+                if save_stats:
+                    # Every thread of the row holds the reduced statistics: one stores them.
+                    if lane == 0:
+                        rstd_out[row] = rstd
+                        if layer:
+                            # A product of its own (__fmul_rn: never fused, nor shared with
+                            # `mean`): were `mean` stored, the compiler would round the product a
+                            # plain build fuses into each x - mean (one FFMA) and subtract that,
+                            # and y would differ from the plain build's in the last bit.
+                            mean_out[row] = T.call_extern(f32, "__fmul_rn", acc[0], f(inv_n))
                 for st in T.serial(steps):
                     if not cached:
                         for u in T.unroll(step):
@@ -350,8 +372,9 @@ _PRIORITY_LOADS = _priority_load("evict_last") + _priority_load("evict_first")
 
 def compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config):
     """The kernel of one build: ``make_program`` for a launch configuration (its keywords,
-    ``leading`` included) and a TileLang target, compiled once per process (and kept on disk by
-    TileLang). Safe to call from several threads: distinct configurations compile concurrently.
+    ``leading`` and ``save_stats`` included) and a TileLang target, compiled once per process
+    (and kept on disk by TileLang). Safe to call from several threads: distinct configurations
+    compile concurrently.
     """
     identity = ("norm", kind, n, dtype, float(eps), bool(has_weight), bool(has_bias), tuple(sorted(config.items())))
     priorities = has_cache_priorities(target)
