@@ -8,6 +8,10 @@ loop against calling those implementations' ``forward`` directly with the argume
 passed them, in the same run. The difference is the op layer of an in-tree call: the
 generated signature checks, target and kernel lookup, and the op's own forward (reshaping,
 call-spec fields).
+
+In the same run the op itself, with its real CPU implementation, is timed against the torch
+function it stands for (the manifest's ``torch_api``) on the same inputs: what a user pays for
+calling the op instead of torch on the CPU.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ import argparse
 import json
 
 import torch
+import torch.nn.functional as F
 
 from tileops.core.kernel import Kernel, KernelInterface
+from tileops.core.manifest import OpEntry
+from tileops.core.manifest.expressions import FUNCTIONS
 from tileops.core.op import Op
 from tileops.core.timing import best_call_times_us
 from tileops.testing import workload_inputs
@@ -70,6 +77,17 @@ def probed(op_class: type[Op]) -> type[Op]:
     )
 
 
+def _torch_function(entry: OpEntry, params: dict):
+    """The manifest's ``torch_api`` as a function of the op's inputs, the params bound: timed as
+    a user calls torch, not through an expression evaluated per call."""
+    if entry.torch_api is None:
+        return None
+    names = ", ".join(decl.name for decl in entry.inputs)
+    namespace = {"__builtins__": {}, **FUNCTIONS, "torch": torch, "F": F, **params}
+    # The expression passed the manifest loader's checks (no builtins, no unsafe attributes).
+    return eval(f"lambda {names}: ({entry.torch_api})", namespace)  # noqa: S307
+
+
 def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS) -> dict[str, float]:
     op_class = call_flags.op_class_named(op_name) if op_name else next(iter(call_flags.op_classes().values()))
     entry = op_class.manifest_entry()
@@ -86,9 +104,14 @@ def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS)
     ((key, kernel),) = built
     assert key == PROBE_KEY, key
     kernel_arguments = kernel.arguments
-    op_us, kernel_us = best_call_times_us(
-        [lambda: op(*arguments), lambda: kernel.forward(*kernel_arguments)], calls=calls, loops=repeats
-    )
+    real = op_class(**workload.params, target="builtin")
+    torch_function = _torch_function(entry, real.params)
+    sides = [lambda: op(*arguments), lambda: kernel.forward(*kernel_arguments), lambda: real(*arguments)]
+    if torch_function is not None:
+        sides.append(lambda: torch_function(*arguments))
+    times = best_call_times_us(sides, calls=calls, loops=repeats)
+    op_us, kernel_us, real_us = times[:3]
+    torch_us = times[3] if torch_function is not None else None
     return {
         "op": f"{op_class.__name__}({', '.join(f'{k}={v!r}' for k, v in op.params.items())}) on {workload.name}: "
         + ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in inputs.items()),
@@ -96,6 +119,10 @@ def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS)
         "kernel_us": kernel_us,
         "overhead_us": op_us - kernel_us,
         "budget_us": BUDGET_US,
+        "real_op_us": real_us,
+        "torch_us": torch_us,
+        "over_torch_us": None if torch_us is None else real_us - torch_us,
+        "torch_api": entry.torch_api,
     }
 
 
@@ -111,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  op(...)                  {result['op_us']:7.2f} us/call")
         print(f"  kernel.forward(...)      {result['kernel_us']:7.2f} us/call")
         print(f"  op layer adds            {result['overhead_us']:7.2f} us/call   (budget {BUDGET_US:.1f} us)")
+        if result["torch_us"] is not None:
+            print(f"the op with its CPU implementation against the torch it stands for, {result['torch_api']}:")
+            print(f"  op(...)                  {result['real_op_us']:7.2f} us/call")
+            print(f"  torch                    {result['torch_us']:7.2f} us/call")
+            print(f"  op costs more by         {result['over_torch_us']:7.2f} us/call   (budget {BUDGET_US:.1f} us)")
     return 0
 
 
