@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tileops.backend import OpArgumentError, OpNotAvailableError, register_kernel_builder
+from tileops.backend import Kernel, OpArgumentError, OpNotAvailableError, register_kernel_builder, register_kernel_type
+from tileops.ops.norm import RMSNormBwdInterface
+from tileops.ops.norm.cpu import TorchCpuRMSNormBwd
 from tileops.ops import (
     FusedAddLayerNormFwdOp,
     FusedAddRMSNormFwdOp,
@@ -271,3 +273,33 @@ def test_a_pre_norm_block_trains_as_the_same_block_with_torch_ops(compiled):
     assert losses[0][-1] < losses[0][0]
     for a, b in zip(ours.parameters(), theirs.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_backend_kernel_type_for_the_backward_interface_serves_the_backward_call(scoped_registry):
+    served = []
+
+    class CountingBackward(Kernel, RMSNormBwdInterface):
+        devices = frozenset({"cpu"})
+
+        @classmethod
+        def entry_for(cls, call):
+            return (call.n, call.eps), lambda: cls(call.eps)
+
+        def __init__(self, eps):
+            super().__init__()
+            self.eps = eps
+
+        def forward(self, dy, x, weight, rstd):
+            served.append(rstd)
+            return TorchCpuRMSNormBwd(x.shape[-1], self.eps).forward(dy, x, weight, rstd)
+
+    register_kernel_type("RMSNormBwdOp", "counting_backward", CountingBackward)
+    x, weight = torch.randn(3, 300, requires_grad=True), torch.randn(300, requires_grad=True)
+    op = RMSNormFwdOp(300)
+    op(x, weight).sum().backward()
+    assert [key for key, _ in op.backward_op.built_kernels()] == ["counting_backward"]
+    # The in-tree CPU forward saved rstd; the backend's backward received it.
+    torch.testing.assert_close(served[0], torch.rsqrt(x.detach().square().mean(-1) + torch.finfo(torch.float32).eps))
+    x2, w2 = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    F.rms_norm(x2, (300,), w2, torch.finfo(torch.float32).eps).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
