@@ -1,0 +1,136 @@
+"""Plain-torch implementations of the activation interfaces, forward and backward.
+
+They compute in float32 (float64 for float64 tensors) and round once, like the manifest's
+reference. The ``torch_cpu`` ones are ``general``: they serve every CPU call, and any narrower
+implementation a backend adds beats them. The ``torch_float64`` ones serve float64 calls on
+CUDA, which the TileLang kernels do not take (float64 is there for ``gradcheck``, not for
+speed). They record no autograd history: the ops' autograd node calls the backward op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tileops.core import Kernel
+
+from .interfaces import (
+    ActivationBwdInterface,
+    ActivationCall,
+    ActivationFwdInterface,
+    GatedBwdInterface,
+    GatedFwdInterface,
+    PackedGatedBwdInterface,
+    PackedGatedFwdInterface,
+)
+
+#: The dtypes computed in as they are; 16-bit ones compute in float32.
+_WIDE = (torch.float32, torch.float64)
+
+
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype in _WIDE else tensor.float()
+
+
+def _narrow(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return result if result.dtype is dtype else result.to(dtype)
+
+
+def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """``activation`` of ``x`` (already in its compute dtype)."""
+    if activation == "silu":
+        return F.silu(x)
+    return F.gelu(x, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+def activate_backward(dy: torch.Tensor, x: torch.Tensor, activation: str) -> torch.Tensor:
+    """``dy * activation'(x)`` (both already in their compute dtype)."""
+    if activation == "silu":
+        s = torch.sigmoid(x)
+        return dy * (s * (1 + x * (1 - s)))
+    return torch.ops.aten.gelu_backward(dy, x, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+class _TorchActivation(Kernel):
+    devices = frozenset({"cpu"})
+    general = True
+
+    def __init__(self, activation: str) -> None:
+        super().__init__()
+        self.activation = activation
+
+    @classmethod
+    def entry_for(cls, call: ActivationCall):
+        return call.activation, lambda: cls(call.activation)
+
+
+class TorchCpuActivation(_TorchActivation, ActivationFwdInterface):
+    def forward(self, x):
+        return _narrow(activate(_wide(x), self.activation), x.dtype)
+
+
+class TorchCpuActivationBwd(_TorchActivation, ActivationBwdInterface):
+    def forward(self, dy, x):
+        return _narrow(activate_backward(_wide(dy), _wide(x), self.activation), dy.dtype)
+
+
+class TorchCpuGated(_TorchActivation, GatedFwdInterface):
+    def forward(self, gate, up):
+        return _narrow(activate(_wide(gate), self.activation) * _wide(up), gate.dtype)
+
+
+def _gated_gradients(dy, gate, up, activation):
+    dy_w, gate_w = _wide(dy), _wide(gate)
+    dgate = activate_backward(dy_w * _wide(up), gate_w, activation)
+    dup = dy_w * activate(gate_w, activation)
+    return _narrow(dgate, dy.dtype), _narrow(dup, dy.dtype)
+
+
+class TorchCpuGatedBwd(_TorchActivation, GatedBwdInterface):
+    def forward(self, dy, gate, up):
+        return _gated_gradients(dy, gate, up, self.activation)
+
+
+class TorchCpuPackedGated(_TorchActivation, PackedGatedFwdInterface):
+    def forward(self, x):
+        gate, up = x.chunk(2, -1)
+        return _narrow(activate(_wide(gate), self.activation) * _wide(up), x.dtype)
+
+
+class TorchCpuPackedGatedBwd(_TorchActivation, PackedGatedBwdInterface):
+    def forward(self, dy, x):
+        gate, up = x.chunk(2, -1)
+        return torch.cat(_gated_gradients(dy, gate, up, self.activation), -1)
+
+
+class _Float64OnCuda:
+    """Mixed into a CPU implementation: the same computation for float64 calls on CUDA, which
+    the TileLang kernels refuse."""
+
+    devices = frozenset({"cuda"})
+    general = False
+
+    @classmethod
+    def refusal(cls, call) -> str | None:
+        if call.dtype != torch.float64:
+            return f"serves float64 only (the TileLang kernels serve {call.dtype})"
+        return None
+
+
+#: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
+IMPLEMENTATIONS = {
+    interface: {
+        "torch_cpu": cpu_class,
+        "torch_float64": type(
+            cpu_class.__name__.replace("TorchCpu", "TorchFloat64"), (_Float64OnCuda, cpu_class), {"__module__": __name__}
+        ),
+    }
+    for interface, cpu_class in (
+        (ActivationFwdInterface, TorchCpuActivation),
+        (ActivationBwdInterface, TorchCpuActivationBwd),
+        (GatedFwdInterface, TorchCpuGated),
+        (GatedBwdInterface, TorchCpuGatedBwd),
+        (PackedGatedFwdInterface, TorchCpuPackedGated),
+        (PackedGatedBwdInterface, TorchCpuPackedGatedBwd),
+    )
+}

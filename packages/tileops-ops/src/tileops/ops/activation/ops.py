@@ -1,0 +1,277 @@
+"""The activation family's ops: SiLU and GELU, SwiGLU and GeGLU from two tensors, and the packed
+forms of the gated ops (one tensor holding [gate | up]), forward and backward.
+
+Each op builds the call spec its interface takes, runs the implementation selection picks, and
+hands it the inputs as it takes them: flattened to 1-D for the elementwise interfaces, as (m,
+2 * d) rows for the packed ones; the results get the caller's shape back. The forward ops are
+differentiable: they save nothing (``saves: []``), and core's autograd wiring calls the backward
+op their manifest entry names with the incoming gradient and the forward's inputs.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import torch
+
+from tileops.core import Op
+
+from .cpu import IMPLEMENTATIONS
+from .interfaces import (
+    ActivationBwdInterface,
+    ActivationFwdInterface,
+    GatedBwdInterface,
+    GatedFwdInterface,
+    PackedGatedBwdInterface,
+    PackedGatedFwdInterface,
+)
+
+_ALIGNMENT = 16  # bytes; vectorised kernels move 16 bytes per access
+
+
+def _vector_ready(count: int, *tensors) -> bool:
+    """Whether every tensor's data pointer is 16-byte aligned and ``count`` elements (the length
+    of the 1-D tensors, or the packed ops' d) fill whole 16-byte accesses (tensors, or
+    descriptions of them: ``call_specs`` asks it too)."""
+    address = 0
+    for tensor in tensors:
+        address |= tensor.data_ptr()
+    return not address % _ALIGNMENT and not (count * tensors[0].dtype.itemsize) % _ALIGNMENT
+
+
+def _count(tensor) -> int:
+    count = 1
+    for size in tensor.shape:
+        count *= size
+    return count
+
+
+def _activation(name: str, approximate: str = "none") -> str:
+    if name == "silu":
+        return "silu"
+    return "gelu_tanh" if approximate == "tanh" else "gelu"
+
+
+def _deliver(result, like: torch.Tensor, out: torch.Tensor | None):
+    """A kernel's 1-D ``result`` in the shape of ``like``, written to ``out`` if given. A result
+    of another size, dtype or device (an implementation breaking its contract) is returned as
+    it is, for the op's result check to report."""
+    if not (
+        isinstance(result, torch.Tensor)
+        and result.numel() == like.numel()
+        and result.dtype == like.dtype
+        and result.device == like.device
+    ):
+        return result
+    result = result.view(like.shape)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+class _ActivationOp(Op):
+    manifest_file = files("tileops.ops") / "manifest" / "activation.yaml"
+    # The TileLang kernels, key -> class per interface, imported when an op is first built.
+    kernel_tables = ("tileops.kernels.cuda.activation:KERNELS",)
+    #: The function the op computes (``interfaces.ACTIVATIONS``), set by each constructor.
+    activation: str
+
+    def call_specs(self, device, inputs):
+        """The call spec a call with ``inputs`` (descriptions) gets, built as ``forward`` builds it."""
+        (interface,) = self.kernel_interfaces
+        tensors = [inputs[t.name] for t in self.manifest_entry().inputs]
+        first = tensors[0]
+        return {interface: self.call_spec(interface, device, first.dtype, self._ready(tensors))}
+
+    def _ready(self, tensors) -> bool:
+        return _vector_ready(_count(tensors[0]), *tensors)
+
+    def call_spec(self, interface, device, dtype, aligned):
+        """The call spec of ``kernel_for(interface, device, dtype, aligned)``: the function is
+        the instance's."""
+        return interface.call_spec(device, dtype, self.activation, aligned)
+
+    def forward_saving(self, *inputs, **outs):
+        # The activations save nothing: their backward reads the forward's inputs.
+        return self.forward(*inputs, **outs), ()
+
+
+class _UnaryFwdOp(_ActivationOp):
+    kernel_interfaces = (ActivationFwdInterface,)
+    in_tree_kernels = {ActivationFwdInterface: IMPLEMENTATIONS[ActivationFwdInterface]}
+
+    def forward(self, x, *, out=None):
+        kernel = self.kernel_for(ActivationFwdInterface, x.device, x.dtype, _vector_ready(x.numel(), x))
+        return _deliver(kernel.forward(x.view(-1)), x, out)
+
+
+class _UnaryBwdOp(_ActivationOp):
+    kernel_interfaces = (ActivationBwdInterface,)
+    in_tree_kernels = {ActivationBwdInterface: IMPLEMENTATIONS[ActivationBwdInterface]}
+
+    def forward(self, dy, x):
+        kernel = self.kernel_for(ActivationBwdInterface, dy.device, dy.dtype, _vector_ready(dy.numel(), dy, x))
+        return _deliver(kernel.forward(dy.view(-1), x.view(-1)), dy, None)
+
+
+class _GatedFwdOp(_ActivationOp):
+    kernel_interfaces = (GatedFwdInterface,)
+    in_tree_kernels = {GatedFwdInterface: IMPLEMENTATIONS[GatedFwdInterface]}
+
+    def forward(self, gate, up, *, out=None):
+        kernel = self.kernel_for(GatedFwdInterface, gate.device, gate.dtype, _vector_ready(gate.numel(), gate, up))
+        return _deliver(kernel.forward(gate.view(-1), up.view(-1)), gate, out)
+
+
+class _GatedBwdOp(_ActivationOp):
+    kernel_interfaces = (GatedBwdInterface,)
+    in_tree_kernels = {GatedBwdInterface: IMPLEMENTATIONS[GatedBwdInterface]}
+
+    def forward(self, dy, gate, up):
+        kernel = self.kernel_for(GatedBwdInterface, dy.device, dy.dtype, _vector_ready(dy.numel(), dy, gate, up))
+        result = kernel.forward(dy.view(-1), gate.view(-1), up.view(-1))
+        if type(result) is not tuple or len(result) != 2:
+            return result
+        return _deliver(result[0], dy, None), _deliver(result[1], dy, None)
+
+
+class _PackedOp(_ActivationOp):
+    def _ready(self, tensors) -> bool:
+        return _vector_ready(self.params["d"], *tensors)
+
+    def call_spec(self, interface, device, dtype, aligned):
+        return interface.call_spec(device, dtype, self.activation, self.params["d"], aligned)
+
+
+class _PackedFwdOp(_PackedOp):
+    kernel_interfaces = (PackedGatedFwdInterface,)
+    in_tree_kernels = {PackedGatedFwdInterface: IMPLEMENTATIONS[PackedGatedFwdInterface]}
+
+    def forward(self, x, *, out=None):
+        d = self.params["d"]
+        kernel = self.kernel_for(PackedGatedFwdInterface, x.device, x.dtype, _vector_ready(d, x))
+        y = kernel.forward(x.view(-1, 2 * d))
+        if not (isinstance(y, torch.Tensor) and y.numel() * 2 == x.numel() and y.dtype == x.dtype and y.device == x.device):
+            return y
+        y = y.view(*x.shape[:-1], d)
+        if out is None:
+            return y
+        out.copy_(y)
+        return out
+
+
+class _PackedBwdOp(_PackedOp):
+    kernel_interfaces = (PackedGatedBwdInterface,)
+    in_tree_kernels = {PackedGatedBwdInterface: IMPLEMENTATIONS[PackedGatedBwdInterface]}
+
+    def forward(self, dy, x):
+        d = self.params["d"]
+        kernel = self.kernel_for(PackedGatedBwdInterface, dy.device, dy.dtype, _vector_ready(d, dy, x))
+        return _deliver(kernel.forward(dy.view(-1, d), x.view(-1, 2 * d)), x, None)
+
+
+class SiLUFwdOp(_UnaryFwdOp):
+    """``torch.nn.functional.silu`` as an op: ``op(x, *, out=None)``."""
+
+    activation = "silu"
+
+    def __init__(self, *, target: str | None = None) -> None:
+        super().__init__(target=target)
+
+
+class GELUFwdOp(_UnaryFwdOp):
+    """``torch.nn.functional.gelu`` as an op: ``op(x, *, out=None)``."""
+
+    def __init__(self, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
+
+
+class SwiGLUFwdOp(_GatedFwdOp):
+    """``silu(gate) * up`` as an op: ``op(gate, up, *, out=None)``."""
+
+    activation = "silu"
+
+    def __init__(self, *, target: str | None = None) -> None:
+        super().__init__(target=target)
+
+
+class GeGLUFwdOp(_GatedFwdOp):
+    """``gelu(gate, approximate) * up`` as an op: ``op(gate, up, *, out=None)``."""
+
+    def __init__(self, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
+
+
+class PackedSwiGLUFwdOp(_PackedFwdOp):
+    """``silu(x[..., :d]) * x[..., d:]`` as an op: ``op(x, *, out=None)``, x holding [gate | up]
+    (vLLM's ``SiluAndMul``)."""
+
+    activation = "silu"
+
+    def __init__(self, d: int, *, target: str | None = None) -> None:
+        super().__init__(d=d, target=target)
+
+
+class PackedGeGLUFwdOp(_PackedFwdOp):
+    """``gelu(x[..., :d], approximate) * x[..., d:]`` as an op: ``op(x, *, out=None)``."""
+
+    def __init__(self, d: int, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(d=d, approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
+
+
+# -- backward ops: each takes its forward's params and returns the gradients its entry declares.
+
+
+class SiLUBwdOp(_UnaryBwdOp):
+    """Gradient of ``SiLUFwdOp``: ``op(dy, x) -> dx``."""
+
+    activation = "silu"
+
+    def __init__(self, *, target: str | None = None) -> None:
+        super().__init__(target=target)
+
+
+class GELUBwdOp(_UnaryBwdOp):
+    """Gradient of ``GELUFwdOp``: ``op(dy, x) -> dx``."""
+
+    def __init__(self, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
+
+
+class SwiGLUBwdOp(_GatedBwdOp):
+    """Gradients of ``SwiGLUFwdOp``: ``op(dy, gate, up) -> (dgate, dup)``."""
+
+    activation = "silu"
+
+    def __init__(self, *, target: str | None = None) -> None:
+        super().__init__(target=target)
+
+
+class GeGLUBwdOp(_GatedBwdOp):
+    """Gradients of ``GeGLUFwdOp``: ``op(dy, gate, up) -> (dgate, dup)``."""
+
+    def __init__(self, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
+
+
+class PackedSwiGLUBwdOp(_PackedBwdOp):
+    """Gradient of ``PackedSwiGLUFwdOp``: ``op(dy, x) -> dx`` (x's shape, [dgate | dup])."""
+
+    activation = "silu"
+
+    def __init__(self, d: int, *, target: str | None = None) -> None:
+        super().__init__(d=d, target=target)
+
+
+class PackedGeGLUBwdOp(_PackedBwdOp):
+    """Gradient of ``PackedGeGLUFwdOp``: ``op(dy, x) -> dx`` (x's shape, [dgate | dup])."""
+
+    def __init__(self, d: int, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(d=d, approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
