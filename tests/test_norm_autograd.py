@@ -159,6 +159,16 @@ def test_calls_without_grad_save_nothing_and_take_the_inference_path(op_class, m
     op(*[None if t is None else t.detach() for t in inputs])
 
 
+def test_a_node_keeps_only_what_the_backward_op_reads():
+    x, residual = torch.randn(4, 32, requires_grad=True), torch.randn(4, 32, requires_grad=True)
+    weight = torch.randn(32, requires_grad=True)
+    y, total = FusedAddRMSNormFwdOp(32)(x, residual, weight)
+    kept = y.grad_fn.saved_tensors
+    # weight, residual_sum and rstd: not x nor residual, which the backward does not read.
+    assert [tuple(t.shape) for t in kept] == [(32,), (4, 32), (4,)]
+    assert torch.equal(kept[1], total) and not any(t.data_ptr() in (x.data_ptr(), residual.data_ptr()) for t in kept)
+
+
 def test_double_backward_is_refused_naming_both_ops():
     x, weight = torch.randn(3, 16, requires_grad=True), torch.randn(16, requires_grad=True)
     y = LayerNormFwdOp(16)(x, weight)

@@ -64,6 +64,8 @@ class Differentiation:
         self.gradient_of = tuple(
             backward_outputs.index(decl.grads[name]) if name in decl.grads else None for name in inputs
         )
+        self._kept_inputs = sorted({index for kind, index in self.sources if kind == _INPUT})
+        self._kept_outputs = sorted({index for kind, index in self.sources if kind == _OUTPUT})
         #: The autograd Function of eager calls, named after the op (``y.grad_fn`` shows
         #: ``<OpName>Backward``).
         self.node = type(forward.name, (_Node,), {"__module__": __name__})
@@ -86,18 +88,30 @@ class Differentiation:
             derive_input(op.backward_op, name, tensors) if value is None else value for name, value in zip(self.saves, saved)
         )
 
-    def backward_arguments(self, grads: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any], saved: Sequence[Any]) -> list:
-        """The backward op's inputs, in its order."""
-        pools = {_GRAD: grads, _INPUT: inputs, _OUTPUT: outputs, _SAVED: saved}
+    def kept(self, inputs: Sequence[Any], outputs: Sequence[Any], saved: Sequence[Any]) -> list:
+        """What a node keeps for its backward: the forward inputs and outputs the backward op
+        reads, then the statistics. Nothing else is kept alive (the fused ops' x and residual
+        are not: their backward reads the sum)."""
+        return [*(inputs[i] for i in self._kept_inputs), *(outputs[j] for j in self._kept_outputs), *saved]
+
+    def backward_arguments(self, grads: Sequence[Any], kept: Sequence[Any]) -> list:
+        """The backward op's inputs, in its order, from the incoming gradients and ``kept``."""
+        n_inputs, n_outputs = len(self._kept_inputs), len(self._kept_outputs)
+        pools = {
+            _GRAD: grads,
+            _INPUT: dict(zip(self._kept_inputs, kept[:n_inputs])),
+            _OUTPUT: dict(zip(self._kept_outputs, kept[n_inputs : n_inputs + n_outputs])),
+            _SAVED: kept[n_inputs + n_outputs :],
+        }
         return [pools[kind][index] for kind, index in self.sources]
 
-    def input_gradients(self, results: Any, inputs: Sequence[Any], needed: Sequence[bool]) -> list:
+    def input_gradients(self, results: Any, present: Sequence[bool], needed: Sequence[bool]) -> list:
         """Per forward input: its gradient among the backward op's ``results``, or None (not
         differentiable, absent from the call, or not needed)."""
         results = results if isinstance(results, tuple) else (results,)
         return [
-            None if index is None or value is None or not need else results[index]
-            for index, value, need in zip(self.gradient_of, inputs, needed)
+            results[index] if index is not None and given and need else None
+            for index, given, need in zip(self.gradient_of, present, needed)
         ]
 
 
@@ -146,9 +160,8 @@ class _Node(torch.autograd.Function):
         outputs = result if isinstance(result, tuple) else (result,)
         saved = wiring.complete_saved(op, inputs, outputs, saved)
         ctx.op = op
-        ctx.single = not isinstance(result, tuple)
-        ctx.save_for_backward(*inputs, *outputs, *saved)
-        ctx.counts = (len(inputs), len(outputs))
+        ctx.present = [t is not None for t in inputs]
+        ctx.save_for_backward(*wiring.kept(inputs, outputs, saved))
         return result
 
     @staticmethod
@@ -156,14 +169,8 @@ class _Node(torch.autograd.Function):
         op = ctx.op
         wiring = op.differentiation
         refuse_double_backward(type(op).__name__, wiring.backward.name)
-        tensors = ctx.saved_tensors
-        n_inputs, n_outputs = ctx.counts
-        inputs = tensors[:n_inputs]
-        outputs = tensors[n_inputs : n_inputs + n_outputs]
-        saved = tensors[n_inputs + n_outputs :]
-        results = op.backward_op(*wiring.backward_arguments(grads, inputs, outputs, saved))
-        gradients = wiring.input_gradients(results, inputs, ctx.needs_input_grad[2:])
-        return (None, None, *gradients)
+        results = op.backward_op(*wiring.backward_arguments(grads, ctx.saved_tensors))
+        return (None, None, *wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[2:]))
 
 
 def run_eager(op: Op, call: BoundCall) -> Any:
@@ -172,7 +179,7 @@ def run_eager(op: Op, call: BoundCall) -> Any:
     return op.differentiation.node.apply(op, call, *call.inputs)
 
 
-def register_formula(op_class: type[Op], saving_op: Any, n_inputs: int, n_outputs: int, instance_of) -> None:
+def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of) -> None:
     """Register, on the custom op ``saving_op`` (inputs..., execution arguments..., instance ->
     outputs..., statistics...), the formula ``torch.compile`` differentiates: its backward calls
     the backward op instance's custom op. ``instance_of(key)`` is the op instance a key names."""
@@ -180,21 +187,19 @@ def register_formula(op_class: type[Op], saving_op: Any, n_inputs: int, n_output
     def setup_context(ctx, inputs, output):
         ctx.key = inputs[-1]
         ctx.present = [t is not None for t in inputs[:n_inputs]]
-        ctx.save_for_backward(*[t for t in inputs[:n_inputs] if t is not None], *output)
+        wiring = instance_of(ctx.key).differentiation
+        ctx.save_for_backward(*wiring.kept(inputs[:n_inputs], output[:n_outputs], output[n_outputs:]))
 
     def backward(ctx, *grads):
         op = instance_of(ctx.key)
         wiring = op.differentiation
         refuse_double_backward(type(op).__name__, wiring.backward.name)
-        tensors = list(ctx.saved_tensors)
-        inputs = [tensors.pop(0) if present else None for present in ctx.present]
-        outputs, saved = tensors[:n_outputs], tensors[n_outputs:]
-        arguments = wiring.backward_arguments(grads[:n_outputs], inputs, outputs, saved)
+        arguments = wiring.backward_arguments(grads[:n_outputs], ctx.saved_tensors)
         backward_op = op.backward_op
         custom = type(backward_op).__dict__["_custom_op"]
         n_exec = len(wiring.backward.exec_args)
         results = custom(*arguments, *[None] * n_exec, backward_op.trace_key)
-        gradients = wiring.input_gradients(results, inputs, ctx.needs_input_grad[:n_inputs])
+        gradients = wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[:n_inputs])
         return (*gradients, *[None] * (len(ctx.needs_input_grad) - n_inputs))
 
     torch.library.register_autograd(saving_op, backward, setup_context=setup_context)

@@ -204,7 +204,7 @@ def _saving_custom_op(op_class: type[Op]):
         f"tileops::{name}_saving", implementation, mutates_args=(), schema=_schema(op_class, False, saving=True)
     )
     custom.register_fake(fake)
-    autograd.register_formula(op_class, custom, n_inputs, n_outputs, lambda key: _instance(key, name))
+    autograd.register_formula(custom, n_inputs, n_outputs, lambda key: _instance(key, name))
     return custom
 
 
