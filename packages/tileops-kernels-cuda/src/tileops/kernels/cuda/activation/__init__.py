@@ -1,0 +1,127 @@
+"""TileLang implementations of the activation family's kernel interfaces, and their key table.
+
+One kernel class per interface, each a key ``tilelang`` in ``KERNELS`` (interface -> key ->
+class), the table the activation ops name. A kernel is built per (device, dtype, activation,
+alignment; and d for the packed kinds): an aligned call (16-byte aligned pointers, lengths of
+whole 16-byte accesses) gets the vectorised programs, any other the scalar ones, so the kernel
+serves every call of its dtypes. Each has a main and a small build, chosen per call by the
+sizing tensor's element count (``policy``). float64 calls are refused (plain torch serves them).
+Importing this module does not import tilelang; building a kernel does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from tileops.core import facts_for
+from tileops.ops.activation import (
+    ActivationBwdInterface,
+    ActivationFwdInterface,
+    GatedBwdInterface,
+    GatedFwdInterface,
+    PackedGatedBwdInterface,
+    PackedGatedFwdInterface,
+)
+
+from ..kernel import BuildPlan, Output, TileLangKernel
+from . import policy, programs
+
+_SMALL_CALLS_UNTUNED = "small calls run the small build, whose configuration is fixed"
+
+
+class _TileLangActivation(TileLangKernel):
+    """One compiled activation kernel of one kind (``programs.KINDS``) for a call spec."""
+
+    family = "activation"
+    kind: ClassVar[str]
+    general = True  # serves every call of its dtypes (scalar programs where not aligned)
+    ranks_built_eagerly = (1,)  # the 1-D kinds take 1-D tensors: compiled with the kernel
+
+    def __init__(self, call) -> None:
+        facts = facts_for(call.device)
+        self.sm_count = facts.sm_count if facts is not None and facts.sm_count else 1
+        super().__init__(call.device, call)
+
+    @classmethod
+    def entry_for(cls, call):
+        return call, lambda: cls(call)
+
+    @classmethod
+    def refusal(cls, call) -> str | None:
+        return policy.refusal(call.dtype)
+
+    def identity(self) -> tuple:
+        call = self.params
+        return (self.kind, call.activation, call.dtype, call.aligned, getattr(call, "d", 0))
+
+    def default_config(self) -> dict[str, Any]:
+        return policy.launch_config(self.params.dtype, self.params.aligned)
+
+    def tuning_candidates(self) -> list[dict[str, Any]]:
+        return policy.tuning_candidates(self.params.dtype, self.params.aligned)
+
+    def build_plan(self, config: dict[str, Any]) -> BuildPlan:
+        small = policy.small_config(config)
+        bound = policy.small_call_elements(config, self.sm_count)
+        shown = {**config, "small_build": {"max_elements": bound, **small}}
+        return BuildPlan(
+            {"main": config, "small": small}, ((bound, "small"),), untuned={"small": _SMALL_CALLS_UNTUNED}, shown=shown
+        )
+
+    def compile(self, config: dict[str, Any], rank: int) -> Any:
+        # The interfaces fix each kind's ranks (1-D, or (m, n) rows for the packed kinds).
+        call = self.params
+        return programs.compile_program(
+            self.kind, call.activation, call.dtype, self.tilelang_target, d=getattr(call, "d", 0), **config
+        )
+
+    def tuning_subject(self, sized) -> str:
+        call = self.params
+        return f"{type(self).__name__} {call.activation} {str(call.dtype).removeprefix('torch.')} on {sized.numel()} elements"
+
+
+class ActivationKernel(_TileLangActivation, ActivationFwdInterface):
+    kind = "act"
+    outputs = (Output.like_argument(0),)
+
+
+class ActivationBwdKernel(_TileLangActivation, ActivationBwdInterface):
+    kind = "act_bwd"
+    outputs = (Output.like_argument(0),)
+
+
+class GatedKernel(_TileLangActivation, GatedFwdInterface):
+    kind = "gated"
+    outputs = (Output.like_argument(0),)
+
+
+class GatedBwdKernel(_TileLangActivation, GatedBwdInterface):
+    kind = "gated_bwd"
+    outputs = (Output.like_argument(0), Output.like_argument(0))
+
+
+def _half_rows(arguments: tuple, call) -> tuple[int, ...]:
+    return (arguments[0].shape[0], call.d)
+
+
+class PackedGatedKernel(_TileLangActivation, PackedGatedFwdInterface):
+    kind = "packed"
+    outputs = (Output.computed(_half_rows, lambda arguments, call: call.dtype),)
+    ranks_built_eagerly = (2,)
+
+
+class PackedGatedBwdKernel(_TileLangActivation, PackedGatedBwdInterface):
+    kind = "packed_bwd"
+    outputs = (Output.like_argument(1),)
+    size_of = 1  # x: the call's largest tensor
+    ranks_built_eagerly = (2,)
+
+
+KERNELS = {
+    ActivationFwdInterface: {"tilelang": ActivationKernel},
+    ActivationBwdInterface: {"tilelang": ActivationBwdKernel},
+    GatedFwdInterface: {"tilelang": GatedKernel},
+    GatedBwdInterface: {"tilelang": GatedBwdKernel},
+    PackedGatedFwdInterface: {"tilelang": PackedGatedKernel},
+    PackedGatedBwdInterface: {"tilelang": PackedGatedBwdKernel},
+}

@@ -1,0 +1,278 @@
+"""The TileLang programs of the activation kernels, and their compilation.
+
+Every program is elementwise. Its index space is cut into chunks of ``threads * per_thread``
+accesses, one block per chunk; in each of a thread's ``per_thread`` steps the block's threads
+take consecutive accesses, so a warp reads consecutive memory. An access is ``vec`` elements:
+16 bytes (8 half-precision or 4 float32 elements) for the vector builds, which the launch rule
+gives only to calls whose pointers are 16-byte aligned and whose lengths fill whole accesses;
+1 for the scalar builds, which serve every call. An access loads its elements into registers
+with one vectorised load per tensor, computes each element in float32, rounds once and stores
+with one vectorised store. The 1-D programs state that the length is a multiple of ``vec``
+(``T.assume``), which lets TileLang emit whole 16-byte accesses guarded once per access.
+
+The kinds (``KINDS``), each a function of the activation ``act`` (silu, exact gelu or tanh gelu):
+
+- ``act``: y = act(x), over 1-D x and y of a symbolic length n;
+- ``act_bwd``: dx = dy * act'(x), 1-D;
+- ``gated``: y = act(gate) * up, 1-D;
+- ``gated_bwd``: dgate = dy * up * act'(gate) and dup = dy * act(gate), 1-D;
+- ``packed``: y[r, c] = act(x[r, c]) * x[r, d + c], x of (m, 2 * d) rows, y of (m, d);
+- ``packed_bwd``: dx[r, c] and dx[r, d + c] as gated_bwd's dgate and dup, from dy of (m, d).
+
+The lengths are symbolic, so one compiled program serves every length (the packed kinds' d is a
+compile-time constant, part of the call spec); the index arithmetic is 32-bit, so a call must
+have fewer than 2**31 - 2**20 elements. Importing this module does not import tilelang;
+building a program does.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
+
+import torch
+
+from ..compile import compile_once
+
+_TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+KINDS = ("act", "act_bwd", "gated", "gated_bwd", "packed", "packed_bwd")
+_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+_SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
+_INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 * pi)
+_SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2 / pi)
+_TANH_CUBIC = 0.044715
+
+
+def vector_width(dtype: torch.dtype, aligned: bool) -> int:
+    """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
+    return 16 // dtype.itemsize if aligned else 1
+
+
+def _functions(activation: str):
+    """(act, act_and_derivative) as builders of float32 TileLang expressions: ``act(g)`` and
+    ``act_and_derivative(g)`` -> (act(g), act'(g))."""
+    import tilelang.language as T
+
+    if activation == "silu":
+
+        def act(g):
+            return g / (1.0 + T.exp(-g))
+
+        def both(g):
+            s = 1.0 / (1.0 + T.exp(-g))
+            return g * s, s * (1.0 + g * (1.0 - s))
+
+    elif activation == "gelu":
+
+        def act(g):
+            return 0.5 * g * (1.0 + T.erf(g * _SQRT1_2))
+
+        def both(g):
+            cdf = 0.5 * (1.0 + T.erf(g * _SQRT1_2))
+            return g * cdf, cdf + g * _INV_SQRT_2PI * T.exp(-0.5 * g * g)
+
+    elif activation == "gelu_tanh":
+
+        def act(g):
+            return 0.5 * g * (1.0 + T.tanh(_SQRT_2_OVER_PI * (g + _TANH_CUBIC * g * g * g)))
+
+        def both(g):
+            t = T.tanh(_SQRT_2_OVER_PI * (g + _TANH_CUBIC * g * g * g))
+            derivative = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _TANH_CUBIC * g * g)
+            return 0.5 * g * (1.0 + t), derivative
+
+    else:
+        raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(_ACTIVATIONS)}")
+    return act, both
+
+
+def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, threads: int, per_thread: int, d: int = 0):
+    """The TileLang PrimFunc of one kind (see the module) for one activation, dtype and launch
+    configuration; ``d`` is the packed kinds' half width (a multiple of ``vec``)."""
+    import tilelang.language as T
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if kind.startswith("packed") and (d < 1 or d % vec):
+        raise ValueError(f"the packed kinds need d >= 1 and a multiple of vec={vec}, got d={d}")
+    dt, f32 = _TL_DTYPES[dtype], "float32"
+    act, both = _functions(activation)
+    lanes = T.vectorized if vec > 1 else T.serial
+    chunk = threads * per_thread  # accesses per block
+
+    def wide(value):
+        return T.cast(value, f32)
+
+    def narrow(value):
+        return T.cast(value, dt)
+
+    if kind == "act":
+        n = T.dynamic("n")
+
+        @T.prim_func
+        def main(x: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
+            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+                tx = T.get_thread_binding()
+                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+                a = T.alloc_local((vec,), dt)
+                o = T.alloc_local((vec,), dt)
+                for step in T.unroll(per_thread):
+                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    if base < n:
+                        for v in lanes(vec):
+                            a[v] = x[base + v]
+                        for v in T.unroll(vec):
+                            o[v] = narrow(act(wide(a[v])))
+                        for v in lanes(vec):
+                            y[base + v] = o[v]
+
+        return main
+
+    if kind == "act_bwd":
+        n = T.dynamic("n")
+
+        @T.prim_func
+        def main(dy: T.Tensor((n,), dt), x: T.Tensor((n,), dt), dx: T.Tensor((n,), dt)):
+            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+                tx = T.get_thread_binding()
+                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+                g = T.alloc_local((vec,), dt)
+                a = T.alloc_local((vec,), dt)
+                o = T.alloc_local((vec,), dt)
+                for step in T.unroll(per_thread):
+                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    if base < n:
+                        for v in lanes(vec):
+                            g[v] = dy[base + v]
+                        for v in lanes(vec):
+                            a[v] = x[base + v]
+                        for v in T.unroll(vec):
+                            o[v] = narrow(wide(g[v]) * both(wide(a[v]))[1])
+                        for v in lanes(vec):
+                            dx[base + v] = o[v]
+
+        return main
+
+    if kind == "gated":
+        n = T.dynamic("n")
+
+        @T.prim_func
+        def main(gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
+            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+                tx = T.get_thread_binding()
+                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+                a = T.alloc_local((vec,), dt)
+                b = T.alloc_local((vec,), dt)
+                o = T.alloc_local((vec,), dt)
+                for step in T.unroll(per_thread):
+                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    if base < n:
+                        for v in lanes(vec):
+                            a[v] = gate[base + v]
+                        for v in lanes(vec):
+                            b[v] = up[base + v]
+                        for v in T.unroll(vec):
+                            o[v] = narrow(act(wide(a[v])) * wide(b[v]))
+                        for v in lanes(vec):
+                            y[base + v] = o[v]
+
+        return main
+
+    if kind == "gated_bwd":
+        n = T.dynamic("n")
+
+        @T.prim_func
+        def main(
+            dy: T.Tensor((n,), dt), gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt),
+            dgate: T.Tensor((n,), dt), dup: T.Tensor((n,), dt),
+        ):
+            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+                tx = T.get_thread_binding()
+                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+                g = T.alloc_local((vec,), dt)
+                a = T.alloc_local((vec,), dt)
+                b = T.alloc_local((vec,), dt)
+                da = T.alloc_local((vec,), dt)
+                db = T.alloc_local((vec,), dt)
+                for step in T.unroll(per_thread):
+                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    if base < n:
+                        for v in lanes(vec):
+                            g[v] = dy[base + v]
+                        for v in lanes(vec):
+                            a[v] = gate[base + v]
+                        for v in lanes(vec):
+                            b[v] = up[base + v]
+                        for v in T.unroll(vec):
+                            value, derivative = both(wide(a[v]))
+                            da[v] = narrow(wide(g[v]) * wide(b[v]) * derivative)
+                            db[v] = narrow(wide(g[v]) * value)
+                        for v in lanes(vec):
+                            dgate[base + v] = da[v]
+                        for v in lanes(vec):
+                            dup[base + v] = db[v]
+
+        return main
+
+    m = T.dynamic("m")
+    dv = d // vec  # accesses per row of each half
+
+    if kind == "packed":
+
+        @T.prim_func
+        def main(x: T.Tensor((m, 2 * d), dt), y: T.Tensor((m, d), dt)):
+            with T.Kernel(T.ceildiv(m * dv, chunk), threads=threads) as bx:
+                tx = T.get_thread_binding()
+                a = T.alloc_local((vec,), dt)
+                b = T.alloc_local((vec,), dt)
+                o = T.alloc_local((vec,), dt)
+                for step in T.unroll(per_thread):
+                    i = (bx * per_thread + step) * threads + tx
+                    if i < m * dv:
+                        row = i // dv
+                        col = (i % dv) * vec
+                        for v in lanes(vec):
+                            a[v] = x[row, col + v]
+                        for v in lanes(vec):
+                            b[v] = x[row, d + col + v]
+                        for v in T.unroll(vec):
+                            o[v] = narrow(act(wide(a[v])) * wide(b[v]))
+                        for v in lanes(vec):
+                            y[row, col + v] = o[v]
+
+        return main
+
+    @T.prim_func
+    def main(dy: T.Tensor((m, d), dt), x: T.Tensor((m, 2 * d), dt), dx: T.Tensor((m, 2 * d), dt)):
+        with T.Kernel(T.ceildiv(m * dv, chunk), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            g = T.alloc_local((vec,), dt)
+            a = T.alloc_local((vec,), dt)
+            b = T.alloc_local((vec,), dt)
+            da = T.alloc_local((vec,), dt)
+            db = T.alloc_local((vec,), dt)
+            for step in T.unroll(per_thread):
+                i = (bx * per_thread + step) * threads + tx
+                if i < m * dv:
+                    row = i // dv
+                    col = (i % dv) * vec
+                    for v in lanes(vec):
+                        g[v] = dy[row, col + v]
+                    for v in lanes(vec):
+                        a[v] = x[row, col + v]
+                    for v in lanes(vec):
+                        b[v] = x[row, d + col + v]
+                    for v in T.unroll(vec):
+                        value, derivative = both(wide(a[v]))
+                        da[v] = narrow(wide(g[v]) * wide(b[v]) * derivative)
+                        db[v] = narrow(wide(g[v]) * value)
+                    for v in lanes(vec):
+                        dx[row, col + v] = da[v]
+                    for v in lanes(vec):
+                        dx[row, d + col + v] = db[v]
+
+    return main
+
+
+def compile_program(kind: str, activation: str, dtype: torch.dtype, target: dict[str, str], **config):
+    """The compiled kernel of one configuration for ``target``, once per process (and on disk)."""
+    identity = ("activation", kind, activation, dtype, tuple(sorted(config.items())))
+    return compile_once(identity, lambda: make_program(kind, activation, dtype, **config), target)

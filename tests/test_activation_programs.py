@@ -1,0 +1,173 @@
+"""The activation kernels: their launch rules, the kernel classes on CPU tensors (compilation
+and the GPU replaced), and the compile tier (one representative build per kernel kind,
+compiled for sm_90 in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import run_python
+from tileops.kernels.cuda import activation as kernels
+from tileops.kernels.cuda.activation import KERNELS, policy, programs
+from tileops.ops.activation import (
+    ActivationFwdInterface,
+    GatedBwdInterface,
+    PackedGatedBwdInterface,
+    PackedGatedFwdInterface,
+    PackedSwiGLUBwdOp,
+    PackedSwiGLUFwdOp,
+    SiLUFwdOp,
+    SwiGLUBwdOp,
+)
+from tileops.core import DeviceFacts
+
+CUDA = torch.device("cuda", 0)
+
+
+def test_every_kind_has_a_kernel_and_every_interface_one_general_key():
+    assert sorted(cls.kind for table in KERNELS.values() for cls in table.values()) == sorted(programs.KINDS)
+    for table in KERNELS.values():
+        assert list(table) == ["tilelang"] and table["tilelang"].general
+
+
+def test_the_access_is_16_bytes_where_aligned_and_one_element_otherwise():
+    assert [programs.vector_width(dtype, True) for dtype in policy.DTYPES] == [8, 8, 4]
+    assert {programs.vector_width(dtype, False) for dtype in policy.DTYPES} == {1}
+    assert policy.refusal(torch.float64) and policy.refusal(torch.bfloat16) is None
+    assert policy.small_call_elements(policy.launch_config(torch.bfloat16, True), 132) == 132 * 4 * 128 * 8
+
+
+def test_the_ops_call_a_call_aligned_only_when_every_access_can_be_16_bytes():
+    silu = SiLUFwdOp()
+    spec = silu.call_specs(CUDA, {"x": _described((4, 1001), torch.bfloat16)})
+    assert spec[ActivationFwdInterface].aligned is False  # 4004 elements: not whole 16-byte accesses
+    spec = silu.call_specs(CUDA, {"x": _described((4, 1000), torch.bfloat16)})
+    assert spec[ActivationFwdInterface].aligned is True
+    spec = silu.call_specs(CUDA, {"x": _described((4, 1000), torch.bfloat16, address=2)})
+    assert spec[ActivationFwdInterface].aligned is False
+    packed = PackedSwiGLUFwdOp(1001)  # the halves' boundary is what matters: d, not 2 * d
+    spec = packed.call_specs(CUDA, {"x": _described((4, 2002), torch.float32)})
+    assert spec[PackedGatedFwdInterface].aligned is False and spec[PackedGatedFwdInterface].d == 1001
+    spec = PackedSwiGLUFwdOp(1024).call_specs(CUDA, {"x": _described((4, 2048), torch.float32)})
+    assert spec[PackedGatedFwdInterface].aligned is True
+
+
+def _described(shape, dtype, address=0):
+    from tileops.core.tensor_description import TensorDescription
+
+    return TensorDescription(CUDA, dtype, tuple(shape), address)
+
+
+# -- the kernel classes on CPU tensors ----------------------------------------------------------
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Kernels built for cuda:0 with their programs, device facts and the C++ launcher replaced,
+    so that the production forward runs on CPU tensors; the list of (config, rank, tensors)."""
+    from tileops.kernels.cuda import fast_launch
+    from tileops.kernels.cuda import kernel as kernel_module
+
+    launched = []
+
+    def compiled(self, config, rank):
+        return lambda *tensors: launched.append((config, rank, tensors))
+
+    monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
+    monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
+    monkeypatch.setattr(fast_launch, "launcher", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))
+    monkeypatch.setattr(kernel_module.TileLangKernel, "_launch_function", compiled)
+    return launched
+
+
+def _kernel(op, interface, dtype, aligned=True):
+    return KERNELS[interface]["tilelang"](op.call_spec(interface, CUDA, dtype, aligned))
+
+
+def test_a_gated_backward_kernel_passes_dy_gate_up_then_two_outputs_like_dy(launches):
+    kernel = _kernel(SwiGLUBwdOp(), GatedBwdInterface, torch.bfloat16)
+    dy, gate, up = (torch.zeros(4096, dtype=torch.bfloat16) for _ in range(3))
+    dgate, dup = kernel.forward(dy, gate, up)
+    config, rank, tensors = launches[-1]
+    assert rank == 1 and tensors[:3] == (dy, gate, up) and tensors[3] is dgate and tensors[4] is dup
+    assert dgate.shape == dup.shape == dy.shape and dgate.dtype == torch.bfloat16
+    assert config == {"vec": 8, **policy.SMALL}  # 4096 elements: a small call
+
+
+def test_large_calls_take_the_main_build_and_unaligned_kernels_the_scalar_programs(launches):
+    kernel = _kernel(SwiGLUBwdOp(), GatedBwdInterface, torch.float16, aligned=False)
+    bound = policy.small_call_elements(kernel.default_config(), 132)
+    tensors = [torch.zeros(bound + 1, dtype=torch.float16) for _ in range(3)]
+    kernel.forward(*tensors)
+    assert launches[-1][0] == {"vec": 1, **policy.MAIN}
+    kernel.forward(*(t[:bound] for t in tensors))
+    assert launches[-1][0] == {"vec": 1, **policy.SMALL}
+
+
+def test_the_packed_kernels_allocate_half_rows_forward_and_x_shaped_gradients(launches):
+    op = PackedSwiGLUFwdOp(1024)
+    kernel = _kernel(op, PackedGatedFwdInterface, torch.bfloat16)
+    x = torch.zeros(3, 2048, dtype=torch.bfloat16)
+    y = kernel.forward(x)
+    assert y.shape == (3, 1024) and y.dtype == torch.bfloat16 and launches[-1][2] == (x, y) and launches[-1][1] == 2
+    backward = KERNELS[PackedGatedBwdInterface]["tilelang"](
+        PackedSwiGLUBwdOp(1024).call_spec(PackedGatedBwdInterface, CUDA, torch.bfloat16, True)
+    )
+    dy = torch.zeros(3, 1024, dtype=torch.bfloat16)
+    dx = backward.forward(dy, x)
+    assert dx.shape == x.shape and launches[-1][2][:2] == (dy, x) and launches[-1][2][2] is dx
+
+
+def test_a_program_of_every_kind_is_built_for_every_activation_without_compiling():
+    pytest.importorskip("tilelang")
+    for kind in programs.KINDS:
+        for activation in ("silu", "gelu", "gelu_tanh"):
+            for vec in (1, 8):
+                programs.make_program(kind, activation, torch.bfloat16, vec=vec, threads=128, per_thread=2, d=1024)
+    with pytest.raises(ValueError, match="multiple of vec=8"):
+        programs.make_program("packed", "silu", torch.bfloat16, vec=8, threads=128, per_thread=1, d=1001)
+    with pytest.raises(ValueError, match="unknown activation"):
+        programs.make_program("act", "relu", torch.bfloat16, vec=8, threads=128, per_thread=1)
+
+
+# -- the compile tier ---------------------------------------------------------------------------
+
+COMPILE = """
+import torch
+from tileops.kernels.cuda.activation import policy, programs
+target = {"kind": "cuda", "arch": "sm_90"}
+# One build per kind: each activation, each dtype, vector and scalar accesses, both launch shapes.
+for kind, activation, dtype, aligned, d, config in [
+    ("act", "silu", torch.bfloat16, True, 0, policy.MAIN),
+    ("act_bwd", "gelu", torch.float16, True, 0, policy.SMALL),
+    ("gated", "gelu_tanh", torch.float32, True, 0, policy.MAIN),
+    ("gated_bwd", "silu", torch.bfloat16, False, 0, policy.MAIN),
+    ("packed", "silu", torch.bfloat16, True, 14336, policy.MAIN),
+    ("packed_bwd", "gelu", torch.float32, False, 1001, policy.SMALL),
+]:
+    vec = programs.vector_width(dtype, aligned)
+    kernel = programs.compile_program(kind, activation, dtype, target, vec=vec, d=d, **config)
+    source = kernel.get_kernel_source()
+    body = source[source.index("__launch_bounds__"):]
+    accesses = (body.count("(uint4*)") + body.count("(float4*)")) // 2  # each access casts both sides
+    print(kind, vec, accesses, "erff" in body, "tanhf" in body, "expf" in body)
+"""
+
+
+@pytest.mark.compile
+def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligned(tmp_path):
+    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line.split()[0] in programs.KINDS]
+    # kind, vec, 16-byte accesses (one per tensor the program reads or writes), erf, tanh, exp
+    assert lines == [
+        ["act", "8", "2", "False", "False", "True"],
+        ["act_bwd", "8", "3", "True", "False", "True"],
+        ["gated", "4", "3", "False", "True", "False"],
+        ["gated_bwd", "1", "0", "False", "False", "True"],
+        ["packed", "8", "3", "False", "False", "True"],
+        ["packed_bwd", "1", "0", "True", "False", "True"],
+    ], result.stdout[-3000:]
