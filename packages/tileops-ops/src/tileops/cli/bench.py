@@ -4,7 +4,9 @@
 the others follow from the manifest's shape patterns (``tileops.testing.workload_for_shape``).
 ``--param NAME=VALUE`` and ``--omit NAME`` change every timed call's params and inputs.
 ``--backward`` times training instead: forward+backward and backward alone, for the ops whose
-manifest declares a backward (``tileops.cli.bench_training``).
+manifest declares a backward (``tileops.cli.bench_training``). ``--sweep N --seed S`` times N calls
+drawn from the shapes users have, as each family declares them, and reports the distribution of
+the ratio to the best other side (``tileops.cli.sweep``).
 
 Method (docs/performance.md): GPU time is measured by capturing ``CALLS`` back-to-back calls
 in one CUDA graph after a warm-up and replaying it; the median over replays, divided by the
@@ -53,6 +55,7 @@ REPLAYS = 15
 SMALL_SHAPE_BYTES = 4 << 20  # below this, report the host-inclusive call time too
 CALLS_PER_LOOP = 100
 CALL_LOOPS = 100
+NO_CUDA = "tileops bench needs a CUDA device: the benchmarks time GPU kernels by CUDA-graph replay"
 
 
 def gpu_time_us(fn: Callable[[], Any]) -> float:
@@ -238,6 +241,10 @@ def method_line(copy_tb_s: float, *, calls: bool) -> str:
 
 
 def run(args) -> int:
+    if args.sweep is not None or args.seed is not None or args.draws is not None:
+        from .sweep import run as run_sweep
+
+        return run_sweep(args)
     if args.shape and args.workload:
         print("tileops bench: --shape and --workload select different workloads; give one of them", file=sys.stderr)
         return 2
@@ -248,7 +255,7 @@ def run(args) -> int:
         print(f"tileops bench: {error}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("tileops bench needs a CUDA device: the benchmarks time GPU kernels by CUDA-graph replay", file=sys.stderr)
+        print(NO_CUDA, file=sys.stderr)
         return 2
     if not cases:
         print("no workload matches the selection; `tileops ops` lists the ops", file=sys.stderr)
@@ -328,6 +335,9 @@ def add_arguments(parser) -> None:
         help="time training instead: forward+backward and the backward alone, for the ops whose manifest declares a "
         "backward, against torch eager autograd, torch.compile and the peers",
     )
+    from .sweep import add_arguments as add_sweep_arguments
+
+    add_sweep_arguments(parser)
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the results as JSON")
     output.add_argument("--csv", action="store_true", help="print the results as CSV")

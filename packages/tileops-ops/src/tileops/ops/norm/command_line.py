@@ -1,5 +1,5 @@
-"""The norm family's sugar for the ``tileops`` command: shorthand flags, and the peer libraries
-``tileops bench`` times beside each op.
+"""The norm family's sugar for the ``tileops`` command: shorthand flags, the peer libraries
+``tileops bench`` times beside each op, and the calls ``tileops bench --sweep`` draws.
 
 ``tileops.cli`` reads these tables and adds each flag to the subcommands that describe a call;
 a flag means exactly the ``--param``/``--omit`` it stands for, and applies to this family's ops
@@ -77,4 +77,42 @@ PEERS = {
     "LayerNormFwdOp": {"Liger": (LIGER_LAYER_NORM, _liger_layer_norm)},
     "FusedAddRMSNormFwdOp": {"Liger": (LIGER_FUSED_ADD_RMS_NORM, _liger_fused_add_rms_norm)},
     "FusedAddLayerNormFwdOp": {"Liger": (None, "has no fused add+LayerNorm")},
+}
+
+
+# -- the shape sweep: the calls ``tileops bench --sweep`` draws (``tileops.cli.sweep`` says how) --
+#
+# The distribution of the calls users make of these ops: the hidden sizes of published models
+# (BERT-base 768 to the 18432 of the largest dense ones, many not powers of two) and per-head
+# norms of 64, 128 and 256 (query/key norms, for which RMSNorm and LayerNorm run over each head),
+# decode rows (1-64) for about a third of the calls and 65 to 65536 rows otherwise, odd or not,
+# 2-D inputs mostly and 3-D/4-D (batch, sequence, heads) besides, a quarter of the calls on row
+# views of a wider tensor (a slice of a fused projection's output), the three training and
+# serving dtypes, and every combination of weight and bias. eps takes its default and another
+# common value. Each call's x is capped at 256 MiB, so that every side's buffers fit and the
+# sweep runs in minutes.
+
+HIDDEN_SIZES = (768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 14336, 16384, 18432)
+HEAD_SIZES = (64, 128, 256)
+
+_HIDDEN = {size: 1 for size in HIDDEN_SIZES}
+_HIDDEN_AND_HEADS = {**_HIDDEN, **{size: 1 for size in HEAD_SIZES}}
+_WEIGHT = {(): 1, ("weight",): 1}
+_WEIGHT_AND_BIAS = {(): 1, ("bias",): 1, ("weight",): 1, ("weight", "bias"): 1}
+_RMS_EPS = {"eps": {None: 1, 1e-6: 1}}
+_LAYER_EPS = {"eps": {1e-5: 1, 1e-6: 1}}
+
+SWEEP = {
+    "widths": _HIDDEN,
+    "rows": {"low": 65, "high": 65536, "decode": 64, "decode_share": 0.35},
+    "ranks": {2: 2, 3: 1, 4: 1},
+    "dtypes": {"bfloat16": 1, "float16": 1, "float32": 1},
+    "strided": {"share": 0.25, "inputs": ("x", "residual")},
+    "max_bytes": 256 << 20,
+    "ops": {
+        "RMSNormFwdOp": {"widths": _HIDDEN_AND_HEADS, "omit": _WEIGHT, "params": _RMS_EPS},
+        "LayerNormFwdOp": {"widths": _HIDDEN_AND_HEADS, "omit": _WEIGHT_AND_BIAS, "params": _LAYER_EPS},
+        "FusedAddRMSNormFwdOp": {"omit": _WEIGHT, "params": _RMS_EPS},
+        "FusedAddLayerNormFwdOp": {"omit": _WEIGHT_AND_BIAS, "params": _LAYER_EPS},
+    },
 }
