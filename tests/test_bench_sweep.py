@@ -292,3 +292,50 @@ def test_op_names_dtype_and_backward_narrow_the_draw():
     assert {c.op_class.__name__ for c in chosen} == {"LayerNormFwdOp"} and {c.dtype for c in chosen} == {torch.float16}
     args.draws = None
     assert [c.record() for c in sweep.selected_calls(args)][2] == chosen[0].record()
+
+
+# -- the forward path and the whole command, on CPU -------------------------------------------------
+
+def test_a_strided_forward_call_reaches_every_side_as_row_views(monkeypatch, calls):
+    """bench_workload on CPU (its inputs built on the CPU, timers saying 1 µs): the op, torch and
+    the peers are all called with the row views."""
+    from tileops.cli import bench
+    from tileops.testing import workload_inputs
+
+    def on_cpu(entry, workload, dtype, device, **options):
+        return workload_inputs(entry, workload, dtype, "cpu", **options)
+
+    monkeypatch.setattr(sweep, "workload_inputs", on_cpu)
+    monkeypatch.setattr(bench, "workload_inputs", on_cpu)
+    monkeypatch.setattr(bench, "gpu_time_us", lambda fn: fn() is not None and 1.0)
+    monkeypatch.setattr(bench, "call_times_us", lambda fns: [1.0 for fn in fns if fn() is not None])
+    seen = []
+
+    def adapter(function, inputs, params):
+        seen.append({name: tensor.is_contiguous() for name, tensor in inputs.items()})
+        return lambda: inputs[next(iter(inputs))] * 1
+
+    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 14)
+    spy = Peers({"fake": {call.op_class.__name__: {"Spy": ("spy:F", adapter)}}}, importer=lambda name: type("M", (), {"F": 1}))
+    (row,) = sweep.time_call(call, backward=False, with_compile=False, tune=False, others=spy)
+    assert row.ours_error is None and row.ours_us == row.eager_us == row.peers["Spy"] == 1.0, row
+    assert row.workload == call.workload.name and row.shape == "x".join(map(str, call.shape))
+    assert seen == [{name: name not in call.strided for name in call.workload.shapes}]
+    # Outside the call, the bench builds contiguous inputs again.
+    assert all(t.is_contiguous() for t in bench.workload_inputs(call.op_class.manifest_entry(), call.workload, call.dtype, "cpu").values())
+
+
+def test_the_whole_command_with_a_fake_gpu(capsys, monkeypatch):
+    from tileops.cli import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "machine", _facts)
+    monkeypatch.setattr(bench, "copy_bandwidth_tb_s", lambda: 4.0)
+    monkeypatch.setattr(sweep, "time_call", lambda call, **options: _fake_timer(call))
+    code, out = run_cli(capsys, "bench", "--sweep", "24", "--seed", "5", "--no-compile")
+    assert code == 0, out
+    assert "sweep: seed 5, 24 of 24 drawn calls" in out and "worst 10 calls:" in out
+    assert "[24/24]" in out  # the progress line, on stderr
+    assert main(["bench", "--sweep", "24", "--seed", "5", "--draws", "2,4-5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [c["index"] for c in report["sweep"]["calls"]] == [2, 4, 5] and report["sweep"]["drawn"] == 24
