@@ -1,0 +1,78 @@
+"""The rope family's kernel interfaces and call spec: the contract every implementation of a
+rotary position embedding, forward or backward (in-tree or a backend's), is written against.
+
+Kernels see contiguous tensors with the token dimensions flattened: ``q`` (T, Hq, D), ``k``
+(T, Hkv, D), the caches ``cos`` and ``sin`` (max_positions, rotary_dim) and ``position_ids`` (T,)
+int64; the op reshapes the caller's (batch, seq, heads, D) or (tokens, heads, D) around them.
+
+The map, on the first ``rotary_dim`` = R columns of every head, with ``c = cos[position_ids[t]]``
+and ``s = sin[position_ids[t]]`` and the columns paired as the layout pairs them (``neox``:
+column j with j + R/2, as Hugging Face's rotate_half; ``interleaved``: 2i with 2i + 1, as
+GPT-J), is for a pair (x1, x2) at columns (j1, j2)::
+
+    forward:  y1 = c[j1] x1 - s[j1] x2        y2 = c[j2] x2 + s[j2] x1
+    backward: y1 = c[j1] x1 + s[j2] x2        y2 = c[j2] x2 - s[j1] x1
+
+The backward is the forward's transpose: the rotation by -theta, with sin read at each column's
+partner (the same value in a cache of real angles, cat(freqs, freqs) or repeat_interleave). The
+columns from R on are copied. Math in float32 (float64 for float64 tensors), rounded once.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import torch
+
+from tileops.core import CallSpec, KernelInterface
+
+#: The layouts, as the manifest's ``layout`` param names them.
+LAYOUTS = ("neox", "interleaved")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeCall(CallSpec):
+    """The facts of one rotary-embedding call that select and build its kernel.
+
+    ``rotary_dim`` is the value used (the head size D where the op's param is None);
+    ``cos_dtype`` is float32 or ``dtype``; ``aligned`` says whether every tensor's data pointer
+    is 16-byte aligned (vectorised kernels refuse unaligned calls; the token count and the
+    cache's length are not part of the spec, so another batch reuses the kernel built).
+    """
+
+    dtype: torch.dtype
+    cos_dtype: torch.dtype
+    heads_q: int
+    heads_k: int
+    head_dim: int
+    rotary_dim: int
+    layout: str
+    aligned: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeBwdCall(RopeCall):
+    """A call of ``RotaryEmbeddingBwdInterface``."""
+
+
+class RotaryEmbeddingFwdInterface(KernelInterface):
+    call_spec = RopeCall
+
+    @abc.abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(q_rot, k_rot)``: new tensors of q's and k's shapes and dtype, q and k
+        rotated by the forward map of the module docstring."""
+
+
+class RotaryEmbeddingBwdInterface(KernelInterface):
+    call_spec = RopeBwdCall
+
+    @abc.abstractmethod
+    def forward(
+        self, dq_rot: torch.Tensor, dk_rot: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(dq, dk)``: new tensors, the incoming gradients mapped by the backward map
+        of the module docstring (the forward's transpose)."""

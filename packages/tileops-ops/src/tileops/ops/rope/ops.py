@@ -1,0 +1,128 @@
+"""The rope family's ops: ``RotaryEmbeddingFwdOp`` (q and k rotated in one call) and its
+backward op ``RotaryEmbeddingBwdOp``.
+
+Each op checks what the manifest cannot say (cos and sin are float32 or q's dtype), builds the
+call spec its interface takes, runs the implementation selection picks, and hands it q and k
+with their token dimensions flattened, (T, heads, D), and position_ids as (T,): views, since
+the call path has made every read input contiguous. The forward op is differentiable: it saves
+nothing (``saves: []``), and core's autograd wiring calls the backward op with the incoming
+gradients and the forward's cos, sin and position_ids.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import torch
+
+from tileops.core import Op, OpArgumentError
+
+from .cpu import IMPLEMENTATIONS
+from .interfaces import RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
+
+_ALIGNMENT = 16  # bytes; vectorised kernels move 16 bytes per access
+
+
+def _aligned(*tensors) -> bool:
+    """Whether every tensor's data pointer is 16-byte aligned (tensors, or descriptions of them:
+    ``call_specs`` asks it too)."""
+    address = 0
+    for tensor in tensors:
+        address |= tensor.data_ptr()
+    return not address % _ALIGNMENT
+
+
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., heads, D) as the (T, heads, D) a kernel takes: itself when already 3-D."""
+    return x if x.dim() == 3 else x.view(-1, x.shape[-2], x.shape[-1])
+
+
+def _deliver(result, like: torch.Tensor):
+    """A kernel's (T, heads, D) ``result`` in the shape of ``like``. A result of another size,
+    dtype or device (an implementation breaking its contract) is returned as it is, for the
+    op's result check to report."""
+    if (
+        isinstance(result, torch.Tensor)
+        and result.numel() == like.numel()
+        and result.dtype == like.dtype
+        and result.device == like.device
+        and result.shape != like.shape
+    ):
+        return result.view(like.shape)
+    return result
+
+
+class _RopeOp(Op):
+    manifest_file = files("tileops.ops") / "manifest" / "rope.yaml"
+    # The TileLang kernels, key -> class per interface, imported when an op is first built.
+    kernel_tables = ("tileops.kernels.cuda.rope:KERNELS",)
+
+    def __init__(self, rotary_dim: int | None = None, layout: str = "neox", *, target: str | None = None) -> None:
+        super().__init__(rotary_dim=rotary_dim, layout=layout, target=target)
+
+    def rotated_width(self, head_dim: int) -> int:
+        """How many columns of a head of ``head_dim`` are rotated: rotary_dim, or all of them."""
+        rotary_dim = self.params["rotary_dim"]
+        return head_dim if rotary_dim is None else rotary_dim
+
+    def call_spec(self, interface, device, dtype, cos_dtype, heads_q, heads_k, head_dim, aligned):
+        """The call spec of ``kernel_for(interface, device, dtype, cos_dtype, heads_q, heads_k,
+        head_dim, aligned)``: the forwards pass only what varies between calls; the rotated
+        width and the layout are the instance's."""
+        return interface.call_spec(
+            device, dtype, cos_dtype, heads_q, heads_k, head_dim, self.rotated_width(head_dim), self.params["layout"], aligned
+        )
+
+    def call_specs(self, device, inputs):
+        """The call spec a call with ``inputs`` (descriptions) gets, built as ``forward`` builds it."""
+        (interface,) = self.kernel_interfaces
+        first, second, cos, sin = (inputs[t.name] for t in self.manifest_entry().inputs[:4])
+        spec = self.call_spec(
+            interface, device, first.dtype, cos.dtype, first.shape[-2], second.shape[-2], first.shape[-1],
+            _aligned(first, second, cos, sin),
+        )
+        return {interface: spec}
+
+    def _check_cache(self, x: torch.Tensor, cos: torch.Tensor) -> None:
+        if cos.dtype != torch.float32 and cos.dtype != x.dtype:
+            name = self.manifest_entry().inputs[0].name
+            raise OpArgumentError(
+                f"{type(self).__name__}: argument 'cos' expected dtype torch.float32 or {name}'s dtype {x.dtype}, "
+                f"got {cos.dtype}"
+            )
+
+    def _rotate(self, interface, x, y, cos, sin, position_ids):
+        self._check_cache(x, cos)
+        kernel = self.kernel_for(
+            interface, x.device, x.dtype, cos.dtype, x.shape[-2], y.shape[-2], x.shape[-1], _aligned(x, y, cos, sin)
+        )
+        result = kernel.forward(_tokens(x), _tokens(y), cos, sin, position_ids.view(-1))
+        if type(result) is not tuple or len(result) != 2:
+            return result
+        return _deliver(result[0], x), _deliver(result[1], y)
+
+
+class RotaryEmbeddingFwdOp(_RopeOp):
+    """Rotary position embedding of q and k in one call:
+    ``op(q, k, cos, sin, position_ids) -> (q_rot, k_rot)``, new tensors."""
+
+    kernel_interfaces = (RotaryEmbeddingFwdInterface,)
+    in_tree_kernels = {RotaryEmbeddingFwdInterface: IMPLEMENTATIONS[RotaryEmbeddingFwdInterface]}
+
+    def forward(self, q, k, cos, sin, position_ids):
+        return self._rotate(RotaryEmbeddingFwdInterface, q, k, cos, sin, position_ids)
+
+    def forward_saving(self, q, k, cos, sin, position_ids):
+        # Nothing to save: the backward reads the forward's cos, sin and position_ids.
+        return self.forward(q, k, cos, sin, position_ids), ()
+
+
+class RotaryEmbeddingBwdOp(_RopeOp):
+    """Gradients of ``RotaryEmbeddingFwdOp``:
+    ``op(dq_rot, dk_rot, cos, sin, position_ids) -> (dq, dk)``, the rotation by -theta."""
+
+    kernel_interfaces = (RotaryEmbeddingBwdInterface,)
+    in_tree_kernels = {RotaryEmbeddingBwdInterface: IMPLEMENTATIONS[RotaryEmbeddingBwdInterface]}
+
+    def forward(self, dq_rot, dk_rot, cos, sin, position_ids):
+        return self._rotate(RotaryEmbeddingBwdInterface, dq_rot, dk_rot, cos, sin, position_ids)
