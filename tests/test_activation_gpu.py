@@ -1,0 +1,147 @@
+"""GPU tier: the activation family's TileLang kernels on CUDA, against the float64 reference.
+
+They need a CUDA GPU (``pytest -m gpu``); elsewhere they skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tileops.ops import (
+    FAMILIES,
+    GeGLUFwdOp,
+    GELUFwdOp,
+    PackedGeGLUFwdOp,
+    PackedSwiGLUFwdOp,
+    SiLUFwdOp,
+    SwiGLUFwdOp,
+)
+from tileops.testing import check_workload, workload_cases
+
+pytestmark = pytest.mark.gpu
+
+CASES = list(workload_cases(FAMILIES["activation"]))
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _tolerance(op_class, dtype):
+    return op_class.manifest_entry().tolerance[dtype]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_workload_matches_the_reference_on_cuda(case):
+    op = case.op_class(**case.workload.params)
+    check_workload(op, case.workload, case.dtype, "cuda")
+    assert op.target == "builtin"
+    assert [key for key, _ in op.built_kernels()] == ["tilelang"]
+
+
+def _act(name):
+    return {
+        "silu": F.silu,
+        "gelu": F.gelu,
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    }[name]
+
+
+#: (op, activation) per forward form: elementwise, gated, packed.
+UNARY = [(SiLUFwdOp(), "silu"), (GELUFwdOp(), "gelu"), (GELUFwdOp("tanh"), "gelu_tanh")]
+GATED = [(SwiGLUFwdOp(), "silu"), (GeGLUFwdOp(), "gelu"), (GeGLUFwdOp("tanh"), "gelu_tanh")]
+PACKED = [(PackedSwiGLUFwdOp, {}, "silu"), (PackedGeGLUFwdOp, {}, "gelu"), (PackedGeGLUFwdOp, {"approximate": "tanh"}, "gelu_tanh")]
+
+
+def _float64_gradients(function, inputs, dy):
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    y = function(*wide)
+    return y, torch.autograd.grad(y, wide, dy.double())
+
+
+def _check(op, function, inputs, dtype):
+    """Forward and gradients of ``op`` on ``inputs`` against float64 autograd of ``function``."""
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    y = op(*inputs)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    expected, gradients = _float64_gradients(function, inputs, dy)
+    atol, rtol = _tolerance(type(op), dtype)
+    torch.testing.assert_close(y, expected.to(dtype), atol=atol, rtol=rtol)
+    atol, rtol = _tolerance(type(op).backward_class(), dtype)
+    for tensor, expected_gradient in zip(inputs, gradients):
+        torch.testing.assert_close(tensor.grad, expected_gradient.to(dtype), atol=atol, rtol=rtol)
+
+
+# Lengths around the 16-byte access and the launch rule's small/main boundary, odd and prime ones.
+LENGTHS = [1, 2, 7, 8, 9, 1001, 4096, 11008, 14335, 270337, 540672, 540680, 1 << 22]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_every_length_forward_and_backward(n, dtype):
+    x = torch.randn(n, device="cuda", dtype=dtype) * 3
+    up = torch.randn(n, device="cuda", dtype=dtype)
+    for op, name in UNARY:
+        _check(op, _act(name), [x], dtype)
+    for op, name in GATED:
+        _check(op, lambda g, u, name=name: _act(name)(g) * u, [x, up], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [1, 3, 8, 1000, 1001, 11008, 14336])
+@pytest.mark.parametrize("rows", [1, 5, 64, 300])
+def test_the_packed_form_every_width_forward_and_backward(d, rows, dtype):
+    x = torch.randn(rows, 2 * d, device="cuda", dtype=dtype) * 3
+    for op_class, params, name in PACKED:
+        function = lambda t, name=name: _act(name)(t[..., :d]) * t[..., d:]  # noqa: E731
+        _check(op_class(d, **params), function, [x], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_misaligned_non_contiguous_and_3d_inputs(dtype):
+    base = torch.randn(4, 3, 2 * 4096 + 8, device="cuda", dtype=dtype)
+    misaligned = base.view(-1)[1 : 1 + 4 * 3 * 4096].view(4, 3, 4096)  # data pointer off by one element
+    strided = base[..., :4096]  # rows of a wider tensor: copied to contiguous by the call path
+    up = torch.randn(4, 3, 4096, device="cuda", dtype=dtype)
+    for tensor in (misaligned, strided):
+        for op, name in UNARY:
+            _check(op, _act(name), [tensor], dtype)
+        for op, name in GATED:
+            _check(op, lambda g, u, name=name: _act(name)(g) * u, [tensor, up], dtype)
+    packed = base[..., : 2 * 4096]  # [gate | up] sliced from a wider fused projection
+    for op_class, params, name in PACKED:
+        function = lambda t, name=name: _act(name)(t[..., :4096]) * t[..., 4096:]  # noqa: E731
+        _check(op_class(4096, **params), function, [packed], dtype)
+
+
+def test_the_two_forms_agree_exactly_on_cuda():
+    x = torch.randn(64, 2 * 14336, device="cuda", dtype=torch.bfloat16)
+    gate, up = (half.contiguous() for half in x.chunk(2, -1))
+    assert torch.equal(PackedSwiGLUFwdOp(14336)(x), SwiGLUFwdOp()(gate, up))
+    assert torch.equal(PackedGeGLUFwdOp(14336, "tanh")(x), GeGLUFwdOp("tanh")(gate, up))
+
+
+def test_extreme_values_stay_finite_where_torchs_do():
+    x = torch.tensor([-1e4, -100.0, -20.0, 0.0, 20.0, 100.0, 1e4, 6e4] * 2, device="cuda", dtype=torch.float16)
+    for op, name in UNARY:
+        torch.testing.assert_close(op(x), _act(name)(x.double()).half(), atol=2e-3, rtol=2e-3)
+
+
+def test_float64_on_cuda_is_served_by_plain_torch():
+    x = torch.randn(8, 64, device="cuda", dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(SiLUFwdOp(), (x,))
+    op = PackedSwiGLUFwdOp(32)
+    op(x.detach())
+    assert [key for key, _ in op.built_kernels()] == ["torch_float64"]
+
+
+def test_calls_capture_in_a_cuda_graph_after_one_warm_up():
+    x = torch.randn(16, 2 * 11008, device="cuda", dtype=torch.bfloat16)
+    op = PackedSwiGLUFwdOp(11008)
+    op(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = op(x)
+    x.normal_()
+    graph.replay()
+    torch.testing.assert_close(y, (F.silu(x[:, :11008].float()) * x[:, 11008:].float()).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
