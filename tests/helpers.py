@@ -54,3 +54,21 @@ def generated_bind(signature, params, args: tuple = (), kwargs: dict | None = No
         return call_path(*args, **(kwargs or {}))
     except (CallDeclined, TypeError):  # TypeError: Python refused the arguments, and Op.__call__ declines too
         return None
+
+
+def train_side_by_side(models, data, target, *, compiled: bool, steps: int = 5, lr: float = 0.05) -> list[list[float]]:
+    """Train ``models`` (equal weights) on the same batch with SGD for ``steps`` steps, each
+    under ``torch.compile(fullgraph=True)`` where ``compiled``; each model's loss per step."""
+    import torch.nn.functional as F
+
+    runs = [torch.compile(m, fullgraph=True) if compiled else m for m in models]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in models]
+    losses: list[list[float]] = [[] for _ in models]
+    for _ in range(steps):
+        for run, optimizer, history in zip(runs, optimizers, losses):
+            optimizer.zero_grad()
+            loss = F.mse_loss(run(data), target)
+            loss.backward()
+            optimizer.step()
+            history.append(loss.item())
+    return losses

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import train_side_by_side
 from tileops.backend import Kernel, OpArgumentError, OpNotAvailableError, register_kernel_builder, register_kernel_type
 from tileops.ops.norm import RMSNormBwdInterface
 from tileops.ops.norm.cpu import TorchCpuRMSNormBwd
@@ -266,19 +267,7 @@ def test_a_pre_norm_block_trains_as_the_same_block_with_torch_ops(compiled):
     ours = _PreNormBlock(64, tileops=True)
     theirs = _PreNormBlock(64, tileops=False)
     theirs.load_state_dict(ours.state_dict())
-    models = [ours, theirs]
-    steps = [torch.compile(m, fullgraph=True) if compiled else m for m in models]
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
-    data = torch.randn(6, 8, 64)
-    target = torch.randn(6, 8, 64)
-    losses: list[list[float]] = [[], []]
-    for _ in range(5):
-        for i, (step, optimizer) in enumerate(zip(steps, optimizers)):
-            optimizer.zero_grad()
-            loss = F.mse_loss(step(data), target)
-            loss.backward()
-            optimizer.step()
-            losses[i].append(loss.item())
+    losses = train_side_by_side([ours, theirs], torch.randn(6, 8, 64), torch.randn(6, 8, 64), compiled=compiled)
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-5)
     assert losses[0][-1] < losses[0][0]
     for a, b in zip(ours.parameters(), theirs.parameters()):

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import train_side_by_side
 from tileops.ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 
 pytestmark = pytest.mark.gpu
@@ -113,17 +114,8 @@ def test_a_pre_norm_block_trains_on_cuda_as_the_same_block_with_torch_ops(compil
     torch.manual_seed(0)
     ours, theirs = _PreNormBlock(1024, True).cuda(), _PreNormBlock(1024, False).cuda()
     theirs.load_state_dict(ours.state_dict())
-    steps = [torch.compile(m, fullgraph=True) if compiled else m for m in (ours, theirs)]
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ours, theirs)]
     data, target = torch.randn(8, 64, 1024, device="cuda"), torch.randn(8, 64, 1024, device="cuda")
-    losses: list[list[float]] = [[], []]
-    for _ in range(5):
-        for i, (step, optimizer) in enumerate(zip(steps, optimizers)):
-            optimizer.zero_grad()
-            loss = F.mse_loss(step(data), target)
-            loss.backward()
-            optimizer.step()
-            losses[i].append(loss.item())
+    losses = train_side_by_side([ours, theirs], data, target, compiled=compiled)
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-3, atol=1e-4)
     assert losses[0][-1] < losses[0][0]
 

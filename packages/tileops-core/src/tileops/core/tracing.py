@@ -109,17 +109,12 @@ def define_custom_op(op_class: type[Op]) -> None:
 def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], written: list[str]):
     entry = op_class.manifest_entry()
     name = op_class.__name__
-    n_inputs, n_outs = len(entry.inputs), len(out_keywords)
+    n_inputs = len(entry.inputs)
     exec_names = [a.name for a in entry.exec_args]
     single = len(entry.outputs) == 1
 
     def split(arguments: tuple):
-        """(inputs, keywords given: buffers and execution arguments, instance key) of the
-        custom op's arguments."""
-        inputs = arguments[:n_inputs]
-        given = dict(zip(out_keywords, arguments[n_inputs : n_inputs + n_outs]))
-        given.update(zip(exec_names, arguments[n_inputs + n_outs : -1]))
-        return inputs, {k: v for k, v in given.items() if v is not None}, arguments[-1]
+        return _split(arguments, n_inputs, out_keywords, exec_names)
 
     def implementation(*arguments):
         inputs, given, key = split(arguments)
@@ -158,6 +153,15 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
     return custom
 
 
+def _split(arguments: tuple, n_inputs: int, out_keywords, exec_names):
+    """(inputs, keywords given: buffers and execution arguments, instance key) of a custom op's
+    arguments (inputs..., buffers..., execution arguments..., instance)."""
+    n_outs = len(out_keywords)
+    given = dict(zip(out_keywords, arguments[n_inputs : n_inputs + n_outs]))
+    given.update(zip(exec_names, arguments[n_inputs + n_outs : -1]))
+    return arguments[:n_inputs], {k: v for k, v in given.items() if v is not None}, arguments[-1]
+
+
 def _saving_custom_op(op_class: type[Op]):
     """The custom op of traced calls that record autograd history: outputs, then statistics."""
     entry = op_class.manifest_entry()
@@ -168,8 +172,7 @@ def _saving_custom_op(op_class: type[Op]):
     saves = entry.backward.saves
 
     def split(arguments: tuple):
-        given = {k: v for k, v in zip(exec_names, arguments[n_inputs:-1]) if v is not None}
-        return arguments[:n_inputs], given, arguments[-1]
+        return _split(arguments, n_inputs, (), exec_names)
 
     def implementation(*arguments):
         inputs, given, key = split(arguments)
