@@ -24,13 +24,15 @@ from tileops.backend import (
 )
 from tileops.cli import check, list_ops, main
 from tileops.core import discovery
-from tileops.ops import RMSNormFwdOp
+from tileops.ops import FAMILIES, RMSNormFwdOp
 from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
 
 NORM_OPS = [
     "RMSNormFwdOp", "LayerNormFwdOp", "FusedAddRMSNormFwdOp", "FusedAddLayerNormFwdOp",
     "RMSNormBwdOp", "LayerNormBwdOp", "FusedAddRMSNormBwdOp", "FusedAddLayerNormBwdOp",
 ]
+#: Every op of every family, in the order ``tileops ops`` lists them.
+ALL_OPS = [op_class.__name__ for ops in FAMILIES.values() for op_class in ops]
 EXPLAIN_HOPPER = ["explain", "RMSNormFwdOp", "--device", "cuda", "--arch", "90", "--dtype", "bfloat16"]
 EXPLAIN_CPU = ["explain", "RMSNormFwdOp", "--shape", "8,4096", "--device", "cpu"]
 
@@ -77,8 +79,8 @@ def test_ops_lists_interfaces_keys_distributions_and_targets(capsys):
 def test_ops_json_gives_each_keys_origin_distribution_and_installation(capsys):
     code, ops = run_json(capsys, "ops")
     assert code == 0
-    assert [op["op"] for op in ops] == NORM_OPS
-    rms = ops[0]
+    assert [op["op"] for op in ops] == ALL_OPS
+    rms = next(op for op in ops if op["op"] == "RMSNormFwdOp")
     assert rms["family"] == "norm" and rms["targets"] == ["acme"] and rms["error"] is None
     (interface,) = rms["interfaces"]
     assert interface["interface"] == "RMSNormFwdInterface"
@@ -355,7 +357,7 @@ def test_explain_builds_the_call_spec_through_the_ops_own_call_spec():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["explain", "NoSuchOp", "--shape", "8"], "no op is named 'NoSuchOp'; the ops are RMSNormFwdOp"),
+        (["explain", "NoSuchOp", "--shape", "8"], f"no op is named 'NoSuchOp'; the ops are {ALL_OPS[0]}, "),
         (["explain", "RMSNormFwdOp", "--shape", "8,64", "--no-bias"], "RMSNormFwdOp has no optional input 'bias'"),
         (
             ["explain", "RMSNormFwdOp", "--shape", "8,64", "--omit", "bias"],
@@ -424,9 +426,11 @@ def test_a_shorthand_of_another_family_is_refused_for_an_op(capsys, monkeypatch)
 
 def test_families_are_found_without_a_list_and_every_op_is_importable_from_tileops_ops():
     import tileops.ops
+    import tileops.ops.activation
     import tileops.ops.norm
 
-    assert tileops.ops.FAMILIES == {"norm": tileops.ops.norm.OPS}
+    assert tileops.ops.FAMILIES["norm"] == tileops.ops.norm.OPS
+    assert tileops.ops.FAMILIES["activation"] == tileops.ops.activation.OPS
     assert [op.__name__ for op in tileops.ops.norm.OPS] == NORM_OPS
     for op_class in tileops.ops.norm.OPS:
         assert getattr(tileops.ops, op_class.__name__) is op_class and op_class.__name__ in tileops.ops.__all__
@@ -494,11 +498,11 @@ def test_check_passes_the_shipped_manifest(capsys):
     for op in NORM_OPS:
         assert f"OK    {op} (norm.yaml)" in out
     _, result = run_json(capsys, "check")
-    assert result["ok"] is True and [f["error"] for f in result["files"]] == [None]
+    assert result["ok"] is True and {f["error"] for f in result["files"]} == {None}
 
 
 def _shipped_manifest_text() -> str:
-    (shipped,) = check.shipped_manifest_files()
+    (shipped,) = [path for path in check.shipped_manifest_files() if path.name == "norm.yaml"]
     return shipped.read_text(encoding="utf-8")
 
 
@@ -546,7 +550,7 @@ def test_check_reports_an_op_listed_under_another_family(capsys, monkeypatch):
 def test_demo_still_runs_every_op(capsys):
     code, out = run_cli(capsys, "demo", "--device", "cpu")
     assert code == 0
-    assert out.count("served by torch_cpu") == len(NORM_OPS)
+    assert out.count("served by torch_cpu") == len(ALL_OPS)
 
 
 def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsys):
@@ -557,7 +561,7 @@ def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsy
     assert line.split()[:10] == ["LayerNormFwdOp", "shape-3x2x64", "x(3,", "2,", "64)", "float32", "target=builtin",
                                  "served", "by", "torch_cpu"]
     code, out = run_cli(capsys, "demo", "--device", "cpu", "--omit", "bias")
-    assert code == 2 and "RMSNormFwdOp: --omit bias: RMSNormFwdOp has no optional input 'bias'" in out
+    assert code == 2 and f"{ALL_OPS[0]}: --omit bias: {ALL_OPS[0]} has no optional input 'bias'" in out
 
 
 def test_demo_prints_each_calls_largest_error_against_the_manifests_reference(capsys):
@@ -602,10 +606,11 @@ def test_the_console_script_explains_a_call():
 
 
 def test_overhead_measures_the_op_layer_against_the_kernel_and_leaves_no_registration(capsys):
-    code, out = run_cli(capsys, "overhead", "--calls", "200", "--json")
+    code, out = run_cli(capsys, "overhead", "RMSNormFwdOp", "--calls", "200", "--json")
     assert code == 0
     figures = json.loads(out)
-    assert set(figures) == {"op", "op_us", "kernel_us", "overhead_us", "budget_us"}
+    assert set(figures) == {"op", "op_us", "kernel_us", "overhead_us", "budget_us", "real_op_us", "torch_us",
+                            "over_torch_us", "torch_api"}
     assert figures["op"].startswith("RMSNormFwdOp(normalized_shape=(4096,), eps=None) on decode-1: x (1, 4096) float32")
     assert figures["op_us"] > figures["kernel_us"] > 0
     from tileops.core import registry
@@ -769,7 +774,8 @@ def test_the_command_runs_from_a_source_tree_where_no_distribution_is_installed(
 def test_check_checks_only_the_named_ops_and_the_calls_their_flags_describe(capsys):
     code, out = run_cli(capsys, "check", "RMSNormFwdOp", "--param", "eps=1e-6", "--shape", "8x4096", "--dtype", "float16")
     assert code == 0
-    assert out.splitlines() == ["OK    RMSNormFwdOp (norm.yaml)", "1 manifest file(s), 1 op(s): all OK"]
+    files = len(check.shipped_manifest_files())
+    assert out.splitlines() == ["OK    RMSNormFwdOp (norm.yaml)", f"{files} manifest file(s), 1 op(s): all OK"]
 
 
 def test_check_fails_an_op_that_refuses_the_described_call_with_the_ops_own_message(capsys):
@@ -782,7 +788,7 @@ def test_check_fails_an_op_that_refuses_the_described_call_with_the_ops_own_mess
 
 
 def test_check_with_an_omitted_input_checks_every_workload_without_it(capsys):
-    code, result = run_json(capsys, "check", "--omit", "weight")
+    code, result = run_json(capsys, "check", *NORM_OPS, "--omit", "weight")
     assert code == 0 and result["ok"] and len(result["ops"]) == len(NORM_OPS)
 
 
