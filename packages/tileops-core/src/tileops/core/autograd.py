@@ -90,8 +90,8 @@ class Differentiation:
 
     def kept(self, inputs: Sequence[Any], outputs: Sequence[Any], saved: Sequence[Any]) -> list:
         """What a node keeps for its backward: the forward inputs and outputs the backward op
-        reads, then the statistics. Nothing else is kept alive (the fused ops' x and residual
-        are not: their backward reads the sum)."""
+        reads, then the statistics. Nothing else is kept alive (the addends of a fused sum are
+        not, where the backward reads the sum)."""
         return [*(inputs[i] for i in self._kept_inputs), *(outputs[j] for j in self._kept_outputs), *saved]
 
     def backward_arguments(self, grads: Sequence[Any], kept: Sequence[Any]) -> list:
