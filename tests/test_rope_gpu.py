@@ -94,7 +94,7 @@ def test_both_variants_equal_the_cpu_implementation(op_class, layout, dtype):
     assert _served_by(op) == {"tilelang", "tilelang_general"}
     for got in (aligned, general):
         for tensor, expected in zip(got, want):
-            torch.testing.assert_close(tensor.cpu(), expected, atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(tensor.cpu(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
 def test_three_dimensional_tokens_and_a_fused_qkv_slice_on_cuda():
