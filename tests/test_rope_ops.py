@@ -345,3 +345,35 @@ def test_bad_calls_name_the_op_and_the_argument():
         RotaryEmbeddingBwdOp(layout=1)
     with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: the rotated width must be even"):
         op(q[..., :63], k[..., :63], cos[:, :63], sin[:, :63], position_ids)
+
+
+# -- the bench's peer -----------------------------------------------------------------------------
+
+class _LigerRecorder:
+    """Stands for LigerRopeFunction: q, k (batch, heads, seq, D) and cos, sin (batch, seq, D)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def apply(self, q, k, cos, sin):
+        self.calls.append((q.shape, k.shape, cos.shape))
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def test_the_liger_peer_takes_ligers_layout_and_refuses_what_it_cannot_take():
+    from tileops.ops.rope import command_line
+
+    where, adapter = command_line.PEERS["RotaryEmbeddingFwdOp"]["Liger"]
+    assert where == "liger_kernel.ops.rope:LigerRopeFunction"
+    q, k = _qk(2, 5, 8, 2, 64)
+    cos, sin = llama_caches(16, 64)
+    inputs = {"q": q, "k": k, "cos": cos, "sin": sin, "position_ids": torch.randint(0, 16, (2, 5))}
+    recorder = _LigerRecorder()
+    q_peer, k_peer = adapter(recorder, inputs, {"rotary_dim": None, "layout": "neox"})()
+    assert recorder.calls == [((2, 8, 5, 64), (2, 2, 5, 64), (2, 5, 64))]
+    for got, want in zip((q_peer, k_peer), RotaryEmbeddingFwdOp()(*inputs.values())):
+        torch.testing.assert_close(got, want)
+    assert adapter(recorder, inputs, {"layout": "interleaved"}) == "rotates halves (the neox layout) only"
+    assert adapter(recorder, inputs, {"rotary_dim": 32}) == "rotates whole heads only, not a partial rotary_dim"
+    three_d = {**inputs, "q": q.flatten(0, 1), "k": k.flatten(0, 1)}
+    assert adapter(recorder, three_d, {}) == "takes (batch, seq, heads, D) q and k only"
