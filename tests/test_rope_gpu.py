@@ -77,15 +77,15 @@ def test_interleaved_matches_gpt_j_on_cuda(head_dim, rotary_dim, dtype):
 
 
 @pytest.mark.parametrize("op_class", [RotaryEmbeddingFwdOp, RotaryEmbeddingBwdOp])
-@pytest.mark.parametrize("layout", ["neox", "interleaved"])
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_both_variants_equal_the_cpu_implementation(op_class, layout, dtype):
+def test_both_variants_equal_the_cpu_implementation(op_class, style, dtype):
     """The vectorised kernel on aligned tensors, the general one on tensors one element off."""
-    op = op_class(96, layout)
+    op = op_class(96, style)
     cos, sin = torch.randn(2, 64, 96).unbind(0)
     position_ids = torch.randint(0, 64, (3, 5))
     q, k = torch.randn(3, 5, 12, 128).to(dtype), torch.randn(3, 5, 4, 128).to(dtype)
-    want = op_class(96, layout)(q, k, cos, sin, position_ids)
+    want = op_class(96, style)(q, k, cos, sin, position_ids)
     aligned = op(q.cuda(), k.cuda(), cos.cuda(), sin.cuda(), position_ids.cuda())
     assert _served_by(op) == {"tilelang"}
     storage = torch.empty(q.numel() + 1, dtype=dtype, device="cuda")

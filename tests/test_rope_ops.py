@@ -189,12 +189,12 @@ def test_position_zero_is_the_identity_and_a_rotation_keeps_each_pair_norm():
 
 # -- gradients ------------------------------------------------------------------------------------
 
-LAYOUTS = [(None, "neox", 8), (4, "neox", 10), (None, "interleaved", 8), (6, "interleaved", 9)]
+STYLES = [(None, "neox", 8), (4, "neox", 10), (None, "interleaved", 8), (6, "interleaved", 9)]
 
 
-@pytest.mark.parametrize(("rotary_dim", "layout", "head_dim"), LAYOUTS, ids=str)
-def test_gradcheck_in_float64(rotary_dim, layout, head_dim):
-    op = RotaryEmbeddingFwdOp(rotary_dim, layout)
+@pytest.mark.parametrize(("rotary_dim", "style", "head_dim"), STYLES, ids=str)
+def test_gradcheck_in_float64(rotary_dim, style, head_dim):
+    op = RotaryEmbeddingFwdOp(rotary_dim, style)
     q = torch.randn(2, 3, 4, head_dim, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 3, 2, head_dim, dtype=torch.float64, requires_grad=True)
     width = head_dim if rotary_dim is None else rotary_dim
@@ -205,22 +205,22 @@ def test_gradcheck_in_float64(rotary_dim, layout, head_dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize(("rotary_dim", "layout", "head_dim"), LAYOUTS, ids=str)
-def test_gradients_match_torch_autograd_of_the_formula(rotary_dim, layout, head_dim, dtype):
+@pytest.mark.parametrize(("rotary_dim", "style", "head_dim"), STYLES, ids=str)
+def test_gradients_match_torch_autograd_of_the_formula(rotary_dim, style, head_dim, dtype):
     width = head_dim if rotary_dim is None else rotary_dim
     q, k = (t.requires_grad_() for t in _qk(2, 5, 4, 2, head_dim, dtype))
     cos, sin = llama_caches(16, width)
-    if layout == "interleaved":  # each angle for both columns of its pair
+    if style == "interleaved":  # each angle for both columns of its pair
         cos, sin = (torch.repeat_interleave(t[:, : width // 2], 2, -1) for t in (cos, sin))
     position_ids = torch.tensor([[0, 1, 2, 3, 4], [15, 3, 9, 9, 0]])
-    q_rot, k_rot = RotaryEmbeddingFwdOp(rotary_dim, layout)(q, k, cos, sin, position_ids)
+    q_rot, k_rot = RotaryEmbeddingFwdOp(rotary_dim, style)(q, k, cos, sin, position_ids)
     assert type(q_rot.grad_fn).__name__ == "RotaryEmbeddingFwdOpBackward"
     dq_rot, dk_rot = torch.randn_like(q_rot), torch.randn_like(k_rot)
     torch.autograd.backward((q_rot, k_rot), (dq_rot, dk_rot))
 
     q_ref, k_ref = (t.detach().double().requires_grad_() for t in (q, k))
     c, s = cos.double()[position_ids].unsqueeze(-2), sin.double()[position_ids].unsqueeze(-2)
-    rotate = rotate_half if layout == "neox" else lambda x: torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+    rotate = rotate_half if style == "neox" else lambda x: torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
     outputs = [torch.cat((x[..., :width] * c + rotate(x[..., :width]) * s, x[..., width:]), -1) for x in (q_ref, k_ref)]
     torch.autograd.backward(outputs, (dq_rot.double(), dk_rot.double()))
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
@@ -339,10 +339,10 @@ def test_bad_calls_name_the_op_and_the_argument():
         RotaryEmbeddingFwdOp(96)(q, k, llama_caches(8, 96)[0], llama_caches(8, 96)[1], position_ids)
     with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: rotary_dim must be a positive even number"):
         RotaryEmbeddingFwdOp(7)
-    with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: layout must be 'neox' or 'interleaved'"):
-        RotaryEmbeddingFwdOp(layout="gptj")
-    with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingBwdOp: param 'layout' expected a str"):
-        RotaryEmbeddingBwdOp(layout=1)
+    with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: style must be 'neox' or 'interleaved'"):
+        RotaryEmbeddingFwdOp(style="gptj")
+    with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingBwdOp: param 'style' expected a str"):
+        RotaryEmbeddingBwdOp(style=1)
     with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: the rotated width must be even"):
         op(q[..., :63], k[..., :63], cos[:, :63], sin[:, :63], position_ids)
 
@@ -369,11 +369,11 @@ def test_the_liger_peer_takes_ligers_layout_and_refuses_what_it_cannot_take():
     cos, sin = llama_caches(16, 64)
     inputs = {"q": q, "k": k, "cos": cos, "sin": sin, "position_ids": torch.randint(0, 16, (2, 5))}
     recorder = _LigerRecorder()
-    q_peer, k_peer = adapter(recorder, inputs, {"rotary_dim": None, "layout": "neox"})()
+    q_peer, k_peer = adapter(recorder, inputs, {"rotary_dim": None, "style": "neox"})()
     assert recorder.calls == [((2, 8, 5, 64), (2, 2, 5, 64), (2, 5, 64))]
     for got, want in zip((q_peer, k_peer), RotaryEmbeddingFwdOp()(*inputs.values())):
         torch.testing.assert_close(got, want)
-    assert adapter(recorder, inputs, {"layout": "interleaved"}) == "rotates halves (the neox layout) only"
+    assert adapter(recorder, inputs, {"style": "interleaved"}) == "rotates halves (the neox style) only"
     assert adapter(recorder, inputs, {"rotary_dim": 32}) == "rotates whole heads only, not a partial rotary_dim"
     three_d = {**inputs, "q": q.flatten(0, 1), "k": k.flatten(0, 1)}
     assert adapter(recorder, three_d, {}) == "takes (batch, seq, heads, D) q and k only"

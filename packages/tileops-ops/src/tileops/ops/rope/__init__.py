@@ -5,13 +5,13 @@ and its backward op, their kernel interfaces and call specs.
 line show them; ``command_line`` holds the peer library ``tileops bench`` times beside them.
 """
 
-from .interfaces import LAYOUTS, RopeBwdCall, RopeCall, RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
+from .interfaces import STYLES, RopeBwdCall, RopeCall, RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
 from .ops import RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp
 
 OPS = (RotaryEmbeddingFwdOp, RotaryEmbeddingBwdOp)
 
 __all__ = [
-    "LAYOUTS",
+    "STYLES",
     "OPS",
     "RopeBwdCall",
     "RopeCall",

@@ -1,12 +1,12 @@
 """The rope family's sugar for the ``tileops`` command: shorthand flags, and the peer library
 ``tileops bench`` times beside each op.
 
-``--layout`` sets the layout ("neox" or "interleaved"); ``rotary_dim`` is set with
+``--style`` sets the style ("neox" or "interleaved"); ``rotary_dim`` is set with
 ``--param rotary_dim=N``.
 """
 
 #: Flag -> the param it sets; its value is read as the manifest declares the param.
-PARAM_FLAGS = {"--layout": "layout"}
+PARAM_FLAGS = {"--style": "style"}
 
 #: Flag -> the optional input it leaves out (the rope ops have none).
 OMIT_FLAGS: dict[str, str] = {}
@@ -28,8 +28,8 @@ LIGER_ROPE = "liger_kernel.ops.rope:LigerRopeFunction"
 
 def _liger_rope(function, inputs, params):
     q, k, cos, sin, position_ids = (inputs[name] for name in ("q", "k", "cos", "sin", "position_ids"))
-    if params.get("layout", "neox") != "neox":
-        return "rotates halves (the neox layout) only"
+    if params.get("style", "neox") != "neox":
+        return "rotates halves (the neox style) only"
     rotary_dim = params.get("rotary_dim")
     if rotary_dim is not None and rotary_dim != q.shape[-1]:
         return "rotates whole heads only, not a partial rotary_dim"

@@ -21,17 +21,17 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
 
 
-def _rotate(x: torch.Tensor, layout: str) -> torch.Tensor:
+def _rotate(x: torch.Tensor, style: str) -> torch.Tensor:
     """The partner of every column, signed as the forward reads it: (-x2, x1) per pair."""
-    if layout == "neox":
+    if style == "neox":
         half = x.shape[-1] // 2
         return torch.cat((-x[..., half:], x[..., :half]), -1)
     return torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
 
 
-def _rotate_transposed(x: torch.Tensor, layout: str) -> torch.Tensor:
+def _rotate_transposed(x: torch.Tensor, style: str) -> torch.Tensor:
     """The transpose of ``_rotate``: (x2, -x1) per pair."""
-    if layout == "neox":
+    if style == "neox":
         half = x.shape[-1] // 2
         return torch.cat((x[..., half:], -x[..., :half]), -1)
     return torch.stack((x[..., 1::2], -x[..., 0::2]), -1).flatten(-2)
@@ -43,22 +43,22 @@ class _TorchRope(Kernel):
     #: True for the backward: the transposed map (rotation by -theta).
     inverse = False
 
-    def __init__(self, rotary_dim: int, layout: str) -> None:
+    def __init__(self, rotary_dim: int, style: str) -> None:
         super().__init__()
-        self.rotary_dim, self.layout = rotary_dim, layout
+        self.rotary_dim, self.style = rotary_dim, style
 
     @classmethod
     def entry_for(cls, call: RopeCall):
-        return (call.rotary_dim, call.layout), lambda: cls(call.rotary_dim, call.layout)
+        return (call.rotary_dim, call.style), lambda: cls(call.rotary_dim, call.style)
 
     def _apply(self, x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim
         wide = _wide(x)
         rotated = wide[..., :r]
         if self.inverse:
-            result = rotated * c + _rotate_transposed(rotated * s, self.layout)
+            result = rotated * c + _rotate_transposed(rotated * s, self.style)
         else:
-            result = rotated * c + _rotate(rotated, self.layout) * s
+            result = rotated * c + _rotate(rotated, self.style) * s
         if r < x.shape[-1]:
             result = torch.cat((result, wide[..., r:]), -1)
         return result.to(x.dtype)

@@ -6,7 +6,7 @@ Kernels see contiguous tensors with the token dimensions flattened: ``q`` (T, Hq
 int64; the op reshapes the caller's (batch, seq, heads, D) or (tokens, heads, D) around them.
 
 The map, on the first ``rotary_dim`` = R columns of every head, with ``c = cos[position_ids[t]]``
-and ``s = sin[position_ids[t]]`` and the columns paired as the layout pairs them (``neox``:
+and ``s = sin[position_ids[t]]`` and the columns paired as the style pairs them (``neox``:
 column j with j + R/2, as Hugging Face's rotate_half; ``interleaved``: 2i with 2i + 1, as
 GPT-J), is for a pair (x1, x2) at columns (j1, j2)::
 
@@ -27,8 +27,8 @@ import torch
 
 from tileops.core import CallSpec, KernelInterface
 
-#: The layouts, as the manifest's ``layout`` param names them.
-LAYOUTS = ("neox", "interleaved")
+#: The styles, as the manifest's ``style`` param names them.
+STYLES = ("neox", "interleaved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class RopeCall(CallSpec):
     heads_k: int
     head_dim: int
     rotary_dim: int
-    layout: str
+    style: str
     aligned: bool
 
 

@@ -57,8 +57,8 @@ class _RopeOp(Op):
     # The TileLang kernels, key -> class per interface, imported when an op is first built.
     kernel_tables = ("tileops.kernels.cuda.rope:KERNELS",)
 
-    def __init__(self, rotary_dim: int | None = None, layout: str = "neox", *, target: str | None = None) -> None:
-        super().__init__(rotary_dim=rotary_dim, layout=layout, target=target)
+    def __init__(self, rotary_dim: int | None = None, style: str = "neox", *, target: str | None = None) -> None:
+        super().__init__(rotary_dim=rotary_dim, style=style, target=target)
 
     def rotated_width(self, head_dim: int) -> int:
         """How many columns of a head of ``head_dim`` are rotated: rotary_dim, or all of them."""
@@ -68,9 +68,9 @@ class _RopeOp(Op):
     def call_spec(self, interface, device, dtype, cos_dtype, heads_q, heads_k, head_dim, aligned):
         """The call spec of ``kernel_for(interface, device, dtype, cos_dtype, heads_q, heads_k,
         head_dim, aligned)``: the forwards pass only what varies between calls; the rotated
-        width and the layout are the instance's."""
+        width and the style are the instance's."""
         return interface.call_spec(
-            device, dtype, cos_dtype, heads_q, heads_k, head_dim, self.rotated_width(head_dim), self.params["layout"], aligned
+            device, dtype, cos_dtype, heads_q, heads_k, head_dim, self.rotated_width(head_dim), self.params["style"], aligned
         )
 
     def call_specs(self, device, inputs):

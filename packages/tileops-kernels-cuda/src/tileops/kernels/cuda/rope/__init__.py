@@ -45,7 +45,7 @@ def vector_width(call: RopeCall) -> int:
 
 class _TileLangRope(TileLangKernel):
     """One compiled rope program for a (dtype, cache dtype, heads, head size, rotated width,
-    layout, device)."""
+    style, device)."""
 
     family = "rope"
     kind = "rope"
@@ -67,10 +67,10 @@ class _TileLangRope(TileLangKernel):
             if not call.aligned:
                 return "needs 16-byte aligned tensors (the general variant serves the others)"
             vec = vector_width(call)
-            pairs = call.rotary_dim // 2 if call.layout == "neox" else call.rotary_dim
+            pairs = call.rotary_dim // 2 if call.style == "neox" else call.rotary_dim
             if call.head_dim % vec or pairs % vec:
                 return (
-                    f"needs the head size ({call.head_dim}) and the {call.layout} pairs of the rotated width "
+                    f"needs the head size ({call.head_dim}) and the {call.style} pairs of the rotated width "
                     f"({call.rotary_dim}) in whole 16-byte vectors of {vec} (the general variant serves the others)"
                 )
         return None
@@ -83,7 +83,7 @@ class _TileLangRope(TileLangKernel):
         call = self.params
         return (
             self.vectorised, call.dtype, call.cos_dtype, call.heads_q, call.heads_k, call.head_dim,
-            call.rotary_dim, call.layout, self.inverse,
+            call.rotary_dim, call.style, self.inverse,
         )
 
     def _widths(self) -> tuple[int, int]:
@@ -91,12 +91,12 @@ class _TileLangRope(TileLangKernel):
         if self.vectorised:
             vec = vector_width(self.params)
             return vec, vec
-        return (1 if self.params.layout == "neox" else 2), 1
+        return (1 if self.params.style == "neox" else 2), 1
 
     def default_config(self) -> dict[str, Any]:
         call = self.params
         vec, pass_vec = self._widths()
-        rotating, passing = programs.units_per_head(call.head_dim, call.rotary_dim, call.layout, vec, pass_vec, False)
+        rotating, passing = programs.units_per_head(call.head_dim, call.rotary_dim, call.style, vec, pass_vec, False)
         units = (call.heads_q + call.heads_k) * (rotating + passing)
         return {"vec": vec, "pass_vec": pass_vec, "threads": launch_threads(units)}
 
@@ -112,7 +112,7 @@ class _TileLangRope(TileLangKernel):
         # q and k are (T, heads, D) by the interface's contract: one program serves them.
         call = self.params
         return programs.compile_program(
-            call.dtype, call.cos_dtype, call.heads_q, call.heads_k, call.head_dim, call.rotary_dim, call.layout,
+            call.dtype, call.cos_dtype, call.heads_q, call.heads_k, call.head_dim, call.rotary_dim, call.style,
             self.inverse, self.tilelang_target, **config,
         )
 

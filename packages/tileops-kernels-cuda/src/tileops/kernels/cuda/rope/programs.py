@@ -12,7 +12,7 @@ its unit at that row of the caches. With ``inverse`` (the backward) a pair (x1, 
 program with sin negated and read at the partner column.
 
 The token count T and the caches' length are symbolic, so one compiled program serves every
-batch; the head counts, the head size, the rotated width, the layout, the dtypes and ``vec``
+batch; the head counts, the head size, the rotated width, the style, the dtypes and ``vec``
 are compile-time constants. Every tensor is contiguous: q (T, Hq, D), k (T, Hkv, D), cos and
 sin (P, R), position_ids (T,) int64, then (out of place) the outputs like q and k. Importing
 this module does not import tilelang; building a program does.
@@ -27,9 +27,9 @@ from ..compile import compile_once
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
-def units_per_head(head_dim: int, rotary_dim: int, layout: str, vec: int, pass_vec: int, inplace: bool) -> tuple[int, int]:
+def units_per_head(head_dim: int, rotary_dim: int, style: str, vec: int, pass_vec: int, inplace: bool) -> tuple[int, int]:
     """(rotating units, pass-through units) of one head."""
-    rotating = rotary_dim // 2 // vec if layout == "neox" else rotary_dim // vec
+    rotating = rotary_dim // 2 // vec if style == "neox" else rotary_dim // vec
     passing = 0 if inplace else (head_dim - rotary_dim) // pass_vec
     return rotating, passing
 
@@ -41,7 +41,7 @@ def make_program(
     heads_k: int,
     head_dim: int,
     rotary_dim: int,
-    layout: str,
+    style: str,
     inverse: bool,
     *,
     vec: int,
@@ -59,20 +59,20 @@ def make_program(
     reads what another writes); there are no outputs.
     """
     half = rotary_dim // 2
-    if layout not in ("neox", "interleaved") or rotary_dim % 2 or rotary_dim > head_dim:
-        raise ValueError(f"bad rope shape: layout={layout!r} rotary_dim={rotary_dim} head_dim={head_dim}")
-    if (layout == "neox" and half % vec) or (layout == "interleaved" and (vec % 2 or rotary_dim % vec)):
-        raise ValueError(f"vec={vec} does not divide the {layout} pairs of rotary_dim={rotary_dim}")
+    if style not in ("neox", "interleaved") or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"bad rope shape: style={style!r} rotary_dim={rotary_dim} head_dim={head_dim}")
+    if (style == "neox" and half % vec) or (style == "interleaved" and (vec % 2 or rotary_dim % vec)):
+        raise ValueError(f"vec={vec} does not divide the {style} pairs of rotary_dim={rotary_dim}")
     if (head_dim - rotary_dim) % pass_vec:
         raise ValueError(f"pass_vec={pass_vec} does not divide the {head_dim - rotary_dim} pass-through columns")
     import tilelang.language as T
 
     dt, ct, f32 = _TL_DTYPES[dtype], _TL_DTYPES[cos_dtype], "float32"
-    rotating, passing = units_per_head(head_dim, rotary_dim, layout, vec, pass_vec, inplace)
+    rotating, passing = units_per_head(head_dim, rotary_dim, style, vec, pass_vec, inplace)
     per_head = rotating + passing
     per_token = (heads_q + heads_k) * per_head
     blocks_per_token = -(-per_token // threads)
-    neox = layout == "neox"
+    neox = style == "neox"
     pairs = vec if neox else vec // 2  # pairs in one unit
     # The slots in a unit's buffers of pair i's two columns: neox holds vec columns at j, then
     # vec at j + R/2; interleaved one run of vec columns whose pairs are its (even, odd) slots.
@@ -157,15 +157,15 @@ def make_program(
 
 
 def compile_program(
-    dtype, cos_dtype, heads_q, heads_k, head_dim, rotary_dim, layout, inverse, target: dict[str, str], **config
+    dtype, cos_dtype, heads_q, heads_k, head_dim, rotary_dim, style, inverse, target: dict[str, str], **config
 ):
     """The compiled kernel of one build for ``target``, once per process (and on disk)."""
     identity = (
-        "rope", dtype, cos_dtype, heads_q, heads_k, head_dim, rotary_dim, layout, bool(inverse),
+        "rope", dtype, cos_dtype, heads_q, heads_k, head_dim, rotary_dim, style, bool(inverse),
         tuple(sorted(config.items())),
     )
     return compile_once(
         identity,
-        lambda: make_program(dtype, cos_dtype, heads_q, heads_k, head_dim, rotary_dim, layout, inverse, **config),
+        lambda: make_program(dtype, cos_dtype, heads_q, heads_k, head_dim, rotary_dim, style, inverse, **config),
         target,
     )
