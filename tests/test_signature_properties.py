@@ -125,9 +125,14 @@ def declared_dtypes(entry: OpEntry, decl: TensorDecl) -> tuple[torch.dtype, ...]
     return decl.dtypes
 
 
-def param_values(decl: ParamDecl) -> st.SearchStrategy:
-    """What a caller may pass for ``decl``, in every form the param accepts, kept small."""
-    if decl.type == "shape":
+def param_values(decl: ParamDecl, entry: OpEntry | None = None) -> st.SearchStrategy:
+    """What a caller may pass for ``decl``, in every form the param accepts, kept small. A str
+    param takes the values the entry's default and workloads give it (a string's valid values
+    are the entry's constraints, which no strategy can read)."""
+    if decl.type == "str" and entry is not None:
+        used = {workload.params[decl.name] for workload in entry.workloads if decl.name in workload.params}
+        values = st.sampled_from(sorted(used | ({decl.default} if decl.default is not None else set())))
+    elif decl.type == "shape":
         sizes = st.lists(SHAPE_SIZES, min_size=1, max_size=2)
         values = st.one_of(sizes, sizes.map(tuple), sizes.map(torch.Size), SHAPE_SIZES)
     elif decl.type == "float":
@@ -227,16 +232,37 @@ def constraints_hold(entry: OpEntry, namespace: Mapping[str, Any], *, at_constru
     )
 
 
+def solved_dims(entry: OpEntry, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Dimensions a call-time rule ``DIM == expression of the params`` fixes (``N == 2 * d``):
+    drawn at random they would almost never satisfy it."""
+    import ast
+
+    solved = {}
+    for constraint in entry.constraints:
+        tree = ast.parse(constraint.text, mode="eval").body
+        if constraint.at_construction or not (
+            isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Eq)
+            and isinstance(tree.left, ast.Name)
+        ):
+            continue
+        try:
+            solved[tree.left.id] = evaluate(compile(ast.Expression(tree.comparators[0]), "<rule>", "eval"), dict(params))
+        except NameError:  # the expression uses another dimension
+            continue
+    return solved
+
+
 @st.composite
 def valid_calls(draw: Callable, op_class: type[Op]) -> GeneratedCall:
     """A call that the op's signature accepts, built from its manifest entry alone."""
     entry = op_class.manifest_entry()
-    given = draw(st.fixed_dictionaries({decl.name: param_values(decl) for decl in entry.params}))
+    given = draw(st.fixed_dictionaries({decl.name: param_values(decl, entry) for decl in entry.params}))
     given = {name: value for name, value in given.items() if value is not OMITTED}
     params = bound_params(entry, given)
     assume(constraints_hold(entry, params, at_construction=True))
 
     bindings: dict[str, Any] = {"...": tuple(draw(st.lists(BATCH_SIZES, max_size=BATCH_RANK)))}
+    bindings.update(solved_dims(entry, params))
     for decl in entry.inputs:
         for pattern_entry in decl.shape or ():
             name = pattern_entry.lstrip("*") if isinstance(pattern_entry, str) else None
