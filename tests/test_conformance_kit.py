@@ -32,7 +32,7 @@ from tileops.backend import (
     register_kernel_type,
 )
 from tileops.core import Op
-from tileops.ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
 from tileops.testing import Check, KernelTypeConformance, TargetConformance
 from tileops_acme import builders as acme_builders
@@ -43,6 +43,8 @@ DECODE_DTYPES = ("bfloat16", "float16", "float32")  # the dtypes of every norm o
 NORM_OPS: tuple[type[Op], ...] = (RMSNormFwdOp, LayerNormFwdOp, FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp)
 #: The norm family's backward ops, which the template's builders do not serve.
 BACKWARD_OPS: tuple[type[Op], ...] = tuple(op.backward_class() for op in NORM_OPS)
+#: The other families' ops, which the norm targets below do not serve.
+OTHER_FAMILY_OPS: tuple[type[Op], ...] = tuple(op for name, ops in FAMILIES.items() if name != "norm" for op in ops)
 ACME_BUILDERS = {
     RMSNormFwdOp: acme_builders.build_rms_norm,
     LayerNormFwdOp: acme_builders.build_layer_norm,
@@ -165,7 +167,7 @@ def test_a_correct_target_passes_every_check(scoped_registry):
     expected_names = {workload_check("sound", op, dtype) for op in NORM_OPS for dtype in DECODE_DTYPES}
     expected_names |= {empty_write_check("sound", op) for op in NORM_OPS}
     expected_names |= {build_count_check("sound", op) for op in NORM_OPS}
-    expected_names |= {not_served_check("sound", op) for op in BACKWARD_OPS}
+    expected_names |= {not_served_check("sound", op) for op in (*BACKWARD_OPS, *OTHER_FAMILY_OPS)}
     assert set(outcomes) == expected_names
     assert failures(outcomes) == {}
 
@@ -439,11 +441,10 @@ def test_ops_a_target_does_not_serve_pass_the_not_served_checks(scoped_registry)
     not_served = [check for check in kit.checks() if check.name.endswith("is not served and says so")]
 
     assert kit.served_ops() == [RMSNormFwdOp, LayerNormFwdOp]
-    assert [check.name for check in not_served] == [
-        not_served_check("partial", FusedAddRMSNormFwdOp),
-        not_served_check("partial", FusedAddLayerNormFwdOp),
-        *[not_served_check("partial", op) for op in BACKWARD_OPS],
+    assert [check.name for check in not_served] == [  # every other op, in the order FAMILIES lists them
+        not_served_check("partial", op) for ops in FAMILIES.values() for op in ops if op not in (RMSNormFwdOp, LayerNormFwdOp)
     ]
+    assert not_served_check("partial", FusedAddLayerNormFwdOp) in [check.name for check in not_served]
     assert failures(run_checks(not_served)) == {}
 
 
