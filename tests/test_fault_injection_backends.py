@@ -62,12 +62,28 @@ _checks = {
     "LayerNormBwdOp": lambda op: torch.testing.assert_close(op(_r, _x)[0], _vjp(_layer, _x, _r)[1]),
     "FusedAddRMSNormBwdOp": lambda op: torch.testing.assert_close(op(_r, _r, _x)[0], _vjp(_rms, _x, _r)[1] + _r),
     "FusedAddLayerNormBwdOp": lambda op: torch.testing.assert_close(op(_r, _r, _x)[0], _vjp(_layer, _x, _r)[1] + _r),
+    "SiLUFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.silu(_x)),
+    "GELUFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.gelu(_x)),
+    "SwiGLUFwdOp": lambda op: torch.testing.assert_close(op(_x, _r), _F.silu(_x) * _r),
+    "GeGLUFwdOp": lambda op: torch.testing.assert_close(op(_x, _r), _F.gelu(_x) * _r),
+    "PackedSwiGLUFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.silu(_x[:, :4]) * _x[:, 4:]),
+    "PackedGeGLUFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.gelu(_x[:, :4]) * _x[:, 4:]),
+    "SiLUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x), _vjp(_F.silu, _x, _r)[1]),
+    "GELUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x), _vjp(_F.gelu, _x, _r)[1]),
+    "SwiGLUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x, _r)[1], _F.silu(_x) * _r),
+    "GeGLUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x, _r)[1], _F.gelu(_x) * _r),
+    "PackedSwiGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.silu(_x[:, :4]) * _r[:, :4]),
+    "PackedGeGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.gelu(_x[:, :4]) * _r[:, :4]),
 }
+# The ops that take no param are constructed without one; the others with 8 (normalized_shape)
+# or 4 (the packed activations' half width d, of rows of 8).
+_NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp"}
+_construct = lambda name: _classes[name](target="builtin") if name in _NO_PARAM else _classes[name](4 if name.startswith("Packed") else 8, target="builtin")  # noqa: E731
 _classes = {c.__name__: c for cs in _FAMILIES.values() for c in cs}
 assert sorted(_classes) == sorted(_checks), "an op was added: give it a check here"
 for _name, _check in _checks.items():
     if _name not in report.get("broken_ops", []):
-        _check(_classes[_name](8, target="builtin"))
+        _check(_construct(_name))
 assert "acme" in _targets(), _targets()
 _register(op="LayerNormFwdOp", target="afterwards", build_kernel=lambda x, w, b, **p: (lambda x, w, b, **o: _F.layer_norm(x, (8,))))
 torch.testing.assert_close(_classes["LayerNormFwdOp"](8, target="afterwards")(_x), _F.layer_norm(_x, (8,)))
