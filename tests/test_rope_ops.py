@@ -90,11 +90,11 @@ HEADS = [(8, 2), (7, 1), (4, 4), (6, 3)]
 
 
 @pytest.mark.parametrize(("heads_q", "heads_k"), HEADS, ids=lambda h: str(h))
-@pytest.mark.parametrize("cache_dtype", ["float32", "input"])
+@pytest.mark.parametrize("cache_dtype", ["float32", "input", "float16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_llama_neox_matches_hugging_face(heads_q, heads_k, dtype, cache_dtype):
     q, k = _qk(2, 9, heads_q, heads_k, 64, dtype)
-    cos, sin = llama_caches(32, 64, dtype=torch.float32 if cache_dtype == "float32" else dtype)
+    cos, sin = llama_caches(32, 64, dtype=dtype if cache_dtype == "input" else getattr(torch, cache_dtype))
     position_ids = torch.tensor([list(range(9)), [3, 17, 4, 31, 0, 0, 12, 5, 30]])
     q_rot, k_rot = RotaryEmbeddingFwdOp()(q.to(DEVICE), k.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), position_ids.to(DEVICE))
     q_ref, k_ref = apply_rotary_pos_emb(
@@ -331,8 +331,8 @@ def test_bad_calls_name_the_op_and_the_argument():
         op(q, k, cos, sin, position_ids[:, :2])
     with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: argument 'sin' must have the shape of 'cos'"):
         op(q, k, cos, sin[:, :32], position_ids)
-    with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: argument 'cos' expected dtype torch.float32 or q's"):
-        op(q.half(), k.half(), cos.bfloat16(), sin.bfloat16(), position_ids)
+    with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: the caches need at least one position"):
+        op(q, k, cos[:0], sin[:0], position_ids)
     with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: the caches' width R must be the rotated width"):
         op(q, k, cos[:, :32], sin[:, :32], position_ids)
     with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingFwdOp: rotary_dim must be at most the head size D"):

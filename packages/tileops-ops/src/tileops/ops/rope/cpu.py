@@ -1,9 +1,9 @@
 """Plain-torch implementations of the rope interfaces, forward and backward.
 
-They compute in float32 (float64 for float64 tensors) and round once, like the manifest's
+They compute in float32 (float64 where q or the caches are float64) and round once, like the manifest's
 reference. The ``torch_cpu`` ones are ``general``: they serve every CPU call, and any narrower
 implementation a backend adds beats them. The ``torch_float64`` ones serve float64 calls on
-CUDA, which the TileLang kernels do not take (float64 is there for ``gradcheck``). They record
+CUDA (q or the caches), which the TileLang kernels do not take (float64 is there for ``gradcheck``). They record
 no autograd history: the forward op's autograd node calls the backward op.
 """
 
@@ -16,9 +16,9 @@ from tileops.core import Kernel
 from .interfaces import RopeCall, RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
 
 
-def _wide(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in the math dtype: float64 stays, everything else computes in float32."""
-    return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
+def _wide(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in the math ``dtype`` (no call into torch where it already has it)."""
+    return tensor if tensor.dtype is dtype else tensor.to(dtype)
 
 
 def _rotate(x: torch.Tensor, style: str) -> torch.Tensor:
@@ -53,7 +53,7 @@ class _TorchRope(Kernel):
 
     def _apply(self, x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim
-        wide = _wide(x)
+        wide = _wide(x, c.dtype)
         rotated = wide[..., :r]
         if self.inverse:
             result = rotated * c + _rotate_transposed(rotated * s, self.style)
@@ -65,7 +65,7 @@ class _TorchRope(Kernel):
 
     @torch.no_grad()
     def _both(self, x, y, cos, sin, position_ids):
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        dtype = torch.float64 if torch.float64 in (x.dtype, cos.dtype) else torch.float32
         c = cos[position_ids].to(dtype).unsqueeze(-2)  # (T, 1, R): one row per token, every head
         s = sin[position_ids].to(dtype).unsqueeze(-2)
         return self._apply(x, c, s), self._apply(y, c, s)
@@ -91,8 +91,8 @@ def _float64_on_cuda(cpu_class: type[_TorchRope]) -> type[_TorchRope]:
     """The same implementation for float64 calls on CUDA (the TileLang kernels refuse them)."""
 
     def refusal(cls, call: RopeCall) -> str | None:
-        if call.dtype != torch.float64:
-            return f"serves float64 only (the TileLang kernels serve {call.dtype})"
+        if torch.float64 not in (call.dtype, call.cos_dtype):
+            return f"serves float64 only (the TileLang kernels serve {call.dtype} with {call.cos_dtype} caches)"
         return None
 
     name = cpu_class.__name__.replace("TorchCpu", "TorchFloat64")

@@ -15,7 +15,8 @@ GPT-J), is for a pair (x1, x2) at columns (j1, j2)::
 
 The backward is the forward's transpose: the rotation by -theta, with sin read at each column's
 partner (the same value in a cache of real angles, cat(freqs, freqs) or repeat_interleave). The
-columns from R on are copied. Math in float32 (float64 for float64 tensors), rounded once.
+columns from R on are copied. Math in float32 (float64 where q or the caches are float64),
+rounded once to q's dtype; the caches may have any float dtype.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class RopeCall(CallSpec):
     """The facts of one rotary-embedding call that select and build its kernel.
 
     ``rotary_dim`` is the value used (the head size D where the op's param is None);
-    ``cos_dtype`` is float32 or ``dtype``; ``aligned`` says whether every tensor's data pointer
+    ``cos_dtype`` is the caches' dtype; ``aligned`` says whether every tensor's data pointer
     is 16-byte aligned (vectorised kernels refuse unaligned calls; the token count and the
     cache's length are not part of the spec, so another batch reuses the kernel built).
     """

@@ -1,8 +1,7 @@
 """The rope family's ops: ``RotaryEmbeddingFwdOp`` (q and k rotated in one call) and its
 backward op ``RotaryEmbeddingBwdOp``.
 
-Each op checks what the manifest cannot say (cos and sin are float32 or q's dtype), builds the
-call spec its interface takes, runs the implementation selection picks, and hands it q and k
+Each op builds the call spec its interface takes, runs the implementation selection picks, and hands it q and k
 with their token dimensions flattened, (T, heads, D), and position_ids as (T,): views, since
 the call path has made every read input contiguous. The forward op is differentiable: it saves
 nothing (``saves: []``), and core's autograd wiring calls the backward op with the incoming
@@ -15,7 +14,7 @@ from importlib.resources import files
 
 import torch
 
-from tileops.core import Op, OpArgumentError
+from tileops.core import Op
 
 from .cpu import IMPLEMENTATIONS
 from .interfaces import RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
@@ -32,9 +31,10 @@ def _aligned(*tensors) -> bool:
     return not address % _ALIGNMENT
 
 
-def _tokens(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (..., heads, D) as the (T, heads, D) a kernel takes: itself when already 3-D."""
-    return x if x.dim() == 3 else x.view(-1, x.shape[-2], x.shape[-1])
+def _tokens(x: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``x`` (..., heads, D) as the (T, heads, D) a kernel takes: itself when already 3-D. The
+    token count is given, since it cannot be inferred from an x without heads."""
+    return x if x.dim() == 3 else x.view(tokens, x.shape[-2], x.shape[-1])
 
 
 def _deliver(result, like: torch.Tensor):
@@ -83,20 +83,13 @@ class _RopeOp(Op):
         )
         return {interface: spec}
 
-    def _check_cache(self, x: torch.Tensor, cos: torch.Tensor) -> None:
-        if cos.dtype != torch.float32 and cos.dtype != x.dtype:
-            name = self.manifest_entry().inputs[0].name
-            raise OpArgumentError(
-                f"{type(self).__name__}: argument 'cos' expected dtype torch.float32 or {name}'s dtype {x.dtype}, "
-                f"got {cos.dtype}"
-            )
-
     def _rotate(self, interface, x, y, cos, sin, position_ids):
-        self._check_cache(x, cos)
         kernel = self.kernel_for(
             interface, x.device, x.dtype, cos.dtype, x.shape[-2], y.shape[-2], x.shape[-1], _aligned(x, y, cos, sin)
         )
-        result = kernel.forward(_tokens(x), _tokens(y), cos, sin, position_ids.view(-1))
+        positions = position_ids.view(-1)
+        tokens = positions.shape[0]
+        result = kernel.forward(_tokens(x, tokens), _tokens(y, tokens), cos, sin, positions)
         if type(result) is not tuple or len(result) != 2:
             return result
         return _deliver(result[0], x), _deliver(result[1], y)

@@ -61,8 +61,8 @@ class _TileLangRope(TileLangKernel):
 
     @classmethod
     def refusal(cls, call: RopeCall) -> str | None:
-        if call.dtype not in _DTYPES:
-            return f"takes float16, bfloat16 and float32, not {call.dtype}"
+        if call.dtype not in _DTYPES or call.cos_dtype not in _DTYPES:
+            return f"takes float16, bfloat16 and float32 tensors and caches, not {call.dtype} with {call.cos_dtype} caches"
         if cls.vectorised:
             if not call.aligned:
                 return "needs 16-byte aligned tensors (the general variant serves the others)"
