@@ -189,3 +189,51 @@ def test_bad_calls_name_the_op_and_the_argument():
         GELUBwdOp(approximate=True)
     with pytest.raises(OpArgumentError, match=r"PackedGeGLUFwdOp: d must be at least 1"):
         PackedGeGLUFwdOp(0)
+
+
+# -- the bench peers ------------------------------------------------------------------------------
+
+class _Recorder:
+    """Stands for a Liger autograd function: records how it is called, computes with torch."""
+
+    def __init__(self, compute):
+        self.compute, self.calls = compute, []
+
+    def apply(self, *args):
+        self.calls.append(args)
+        return self.compute(*args)
+
+
+def test_the_peer_table_names_family_ops_and_calls_liger_as_it_is_called():
+    import importlib
+
+    from tileops.ops.activation import OPS, command_line
+
+    assert set(command_line.PEERS) <= {op_class.__name__ for op_class in OPS}
+    for columns in command_line.PEERS.values():
+        for where, adapter in columns.values():
+            if where is None:
+                assert isinstance(adapter, str) and adapter
+            else:
+                module, colon, attribute = where.partition(":")
+                assert colon and module.startswith("liger_kernel.") and attribute.isidentifier()
+    gate, up = torch.randn(4, 8), torch.randn(4, 8)
+    (where, swiglu), = command_line.PEERS["SwiGLUFwdOp"].values()
+    recorder = _Recorder(lambda a, b: F.silu(a) * b)
+    torch.testing.assert_close(swiglu(recorder, {"gate": gate, "up": up}, {})(), F.silu(gate) * up)
+    assert recorder.calls == [(gate, up)]
+    (_, packed), = command_line.PEERS["PackedSwiGLUFwdOp"].values()
+    recorder = _Recorder(lambda x: F.silu(x[..., :4]) * x[..., 4:])
+    torch.testing.assert_close(packed(recorder, {"x": gate}, {"d": 4})(), F.silu(gate[:, :4]) * gate[:, 4:])
+    (_, geglu), = command_line.PEERS["GeGLUFwdOp"].values()
+    assert geglu(_Recorder(None), {"gate": gate, "up": up}, {"approximate": "none"}) == "computes the tanh approximation only"
+    try:
+        liger = importlib.import_module(where.partition(":")[0])
+    except ImportError:
+        return  # the bench extra is not installed: the names are checked where it is
+    for columns in command_line.PEERS.values():
+        for where, _ in columns.values():
+            if where is not None:
+                module, _, attribute = where.partition(":")
+                assert hasattr(importlib.import_module(module), attribute), where
+    assert liger is not None
