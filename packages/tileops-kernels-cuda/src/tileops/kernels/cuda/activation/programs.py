@@ -20,8 +20,8 @@ The kinds (``KINDS``), each a function of the activation ``act`` (silu, exact ge
 - ``packed_bwd``: dx[r, c] and dx[r, d + c] as gated_bwd's dgate and dup, from dy of (m, d).
 
 The lengths are symbolic, so one compiled program serves every length (the packed kinds' d is a
-compile-time constant, part of the call spec); the index arithmetic is 32-bit, so a call must
-have fewer than 2**31 - 2**20 elements. Importing this module does not import tilelang;
+compile-time constant, part of the call spec); lengths and element indices are 64-bit, so a
+tensor may hold more than 2**31 elements. Importing this module does not import tilelang;
 building a program does.
 """
 
@@ -104,8 +104,12 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
     def narrow(value):
         return T.cast(value, dt)
 
+    def wide_index(block):
+        # 64-bit element indices: a tensor may hold more than 2**31 elements.
+        return T.cast(block, "int64")
+
     if kind == "act":
-        n = T.dynamic("n")
+        n = T.dynamic("n", "int64")
 
         @T.prim_func
         def main(x: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
@@ -115,7 +119,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
                 a = T.alloc_local((vec,), dt)
                 o = T.alloc_local((vec,), dt)
                 for step in T.unroll(per_thread):
-                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
                     if base < n:
                         for v in lanes(vec):
                             a[v] = x[base + v]
@@ -127,7 +131,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
         return main
 
     if kind == "act_bwd":
-        n = T.dynamic("n")
+        n = T.dynamic("n", "int64")
 
         @T.prim_func
         def main(dy: T.Tensor((n,), dt), x: T.Tensor((n,), dt), dx: T.Tensor((n,), dt)):
@@ -138,7 +142,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
                 a = T.alloc_local((vec,), dt)
                 o = T.alloc_local((vec,), dt)
                 for step in T.unroll(per_thread):
-                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
                     if base < n:
                         for v in lanes(vec):
                             g[v] = dy[base + v]
@@ -152,7 +156,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
         return main
 
     if kind == "gated":
-        n = T.dynamic("n")
+        n = T.dynamic("n", "int64")
 
         @T.prim_func
         def main(gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
@@ -163,7 +167,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
                 b = T.alloc_local((vec,), dt)
                 o = T.alloc_local((vec,), dt)
                 for step in T.unroll(per_thread):
-                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
                     if base < n:
                         for v in lanes(vec):
                             a[v] = gate[base + v]
@@ -177,7 +181,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
         return main
 
     if kind == "gated_bwd":
-        n = T.dynamic("n")
+        n = T.dynamic("n", "int64")
 
         @T.prim_func
         def main(
@@ -193,7 +197,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
                 da = T.alloc_local((vec,), dt)
                 db = T.alloc_local((vec,), dt)
                 for step in T.unroll(per_thread):
-                    base = ((bx * per_thread + step) * threads + tx) * vec
+                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
                     if base < n:
                         for v in lanes(vec):
                             g[v] = dy[base + v]
@@ -212,7 +216,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
 
         return main
 
-    m = T.dynamic("m")
+    m = T.dynamic("m", "int64")
     dv = d // vec  # accesses per row of each half
 
     if kind == "packed":
@@ -225,7 +229,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
                 b = T.alloc_local((vec,), dt)
                 o = T.alloc_local((vec,), dt)
                 for step in T.unroll(per_thread):
-                    i = (bx * per_thread + step) * threads + tx
+                    i = (wide_index(bx) * per_thread + step) * threads + tx
                     if i < m * dv:
                         row = i // dv
                         col = (i % dv) * vec
@@ -250,7 +254,7 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
             da = T.alloc_local((vec,), dt)
             db = T.alloc_local((vec,), dt)
             for step in T.unroll(per_thread):
-                i = (bx * per_thread + step) * threads + tx
+                i = (wide_index(bx) * per_thread + step) * threads + tx
                 if i < m * dv:
                     row = i // dv
                     col = (i % dv) * vec
