@@ -145,3 +145,13 @@ def test_calls_capture_in_a_cuda_graph_after_one_warm_up():
     x.normal_()
     graph.replay()
     torch.testing.assert_close(y, (F.silu(x[:, :11008].float()) * x[:, 11008:].float()).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_a_tensor_of_more_than_2_31_elements_is_computed_to_its_end():
+    n = (1 << 31) + 1024 + 8  # 64-bit lengths and indices: the last accesses lie past 2**31
+    x = torch.empty(n, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4)
+    y = SiLUFwdOp()(x)
+    for part in (slice(0, 4096), slice((1 << 31) - 4096, (1 << 31) + 4096), slice(n - 4096, n)):
+        torch.testing.assert_close(y[part], F.silu(x[part].float()).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
+    del y
+    torch.cuda.empty_cache()
