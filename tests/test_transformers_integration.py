@@ -1,0 +1,310 @@
+"""``tileops.integrations.transformers``: real transformers models, built from tiny configs with
+random weights (nothing downloaded), patched with one call and compared with the unpatched
+model on the CPU: logits, a training step's loss and gradients, generation with the KV cache,
+``torch.compile``, checkpoints and the report."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tileops.nn  # noqa: E402
+from tileops.integrations import transformers as tileops_hf  # noqa: E402
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 128}
+CONFIGS = {
+    "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config,
+    "qwen3": transformers.Qwen3Config,
+    "gemma": transformers.GemmaConfig,
+}
+#: What each architecture's norms become, and how many a 2-layer model has.
+NORMS = {
+    "llama": ("LlamaRMSNorm", tileops_hf.LlamaRMSNorm, 5),
+    "mistral": ("MistralRMSNorm", tileops_hf.LlamaRMSNorm, 5),
+    "qwen2": ("Qwen2RMSNorm", tileops_hf.LlamaRMSNorm, 5),
+    "qwen3": ("Qwen3RMSNorm", tileops_hf.LlamaRMSNorm, 9),  # with q_norm and k_norm in each layer
+    "gemma": ("GemmaRMSNorm", tileops_hf.GemmaRMSNorm, 5),
+}
+#: Logits and loss. In bfloat16 the op rounds the norm once where transformers rounds it twice
+#: (the norm, then its product with the weight): the logits differ by about as much as
+#: transformers' own bfloat16 logits differ from its float32 ones.
+TOLERANCE = {torch.float32: {"rtol": 1e-4, "atol": 1e-5}, torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}}
+
+
+def assert_gradients_close(gradient: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+    """Within 1e-4 (float32) or 4% (bfloat16) of the largest expected element: a gradient
+    crosses the two layers backwards, through every rounding of the forward."""
+    scale = expected.abs().max().item()
+    share = 1e-4 if expected.dtype == torch.float32 else 0.04
+    torch.testing.assert_close(gradient, expected, rtol=share, atol=share * scale, msg=lambda message: f"{name}: {message}")
+
+
+def tiny_model(architecture: str, dtype: torch.dtype = torch.float32, **overrides) -> torch.nn.Module:
+    """A transformers causal LM of ``architecture`` with random weights, its norms' weights moved
+    off their initial ones and zeros so that a wrong formula shows."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[architecture](**{**TINY, **overrides}))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    return model.to(dtype)
+
+
+def patched_pair(architecture: str, dtype: torch.dtype = torch.float32, **overrides):
+    reference = tiny_model(architecture, dtype, **overrides)
+    model = copy.deepcopy(reference)
+    return reference, model, tileops_hf.apply(model)
+
+
+def tokens(batch: int = 2, length: int = 12) -> torch.Tensor:
+    return torch.randint(0, TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("architecture", sorted(CONFIGS))
+def test_the_patched_model_computes_and_trains_as_the_unpatched_one(architecture, dtype):
+    reference, model, report = patched_pair(architecture, dtype)
+    original, replacement, count = NORMS[architecture]
+    assert [r.original for r in report.replaced] == [original] * count
+    assert all(type(model.get_submodule(r.path)) is replacement for r in report.replaced)
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    ids = tokens()
+
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, **TOLERANCE[dtype])
+
+    loss, loss_reference = model(ids, labels=ids).loss, reference(ids, labels=ids).loss
+    torch.testing.assert_close(loss, loss_reference, **TOLERANCE[dtype])
+    loss.backward()
+    loss_reference.backward()
+    expected = dict(reference.named_parameters())
+    for name, parameter in model.named_parameters():
+        assert parameter.grad.dtype == dtype, name
+        assert_gradients_close(parameter.grad, expected[name].grad, name)
+
+
+def test_a_replacement_holds_the_replaced_modules_own_parameters():
+    model = tiny_model("qwen3")
+    weights = {name: module.weight for name, module in model.named_modules() if type(module).__name__ == "Qwen3RMSNorm"}
+    model.model.norm.weight.requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tileops_hf.apply(model)
+    for name, weight in weights.items():
+        assert model.get_submodule(name).weight is weight, name
+    assert not model.model.norm.weight.requires_grad
+
+    model(tokens(), labels=tokens()).loss.backward()  # the optimizer built before apply() trains the new modules
+    before = model.model.layers[0].self_attn.q_norm.weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(model.model.layers[0].self_attn.q_norm.weight, before)
+
+
+@pytest.mark.parametrize("architecture", sorted(CONFIGS))
+def test_generate_runs_with_the_kv_cache_and_picks_the_same_tokens(architecture):
+    reference, model, _ = patched_pair(architecture)
+    ids = tokens(1, 5)
+    options = {"max_new_tokens": 4, "do_sample": False, "use_cache": True, "pad_token_id": 0}
+    generated = model.generate(ids, **options)
+    assert generated.shape == (1, 9)
+    assert torch.equal(generated, reference.generate(ids, **options))
+
+
+def test_the_compiled_patched_model_trains_in_one_graph():
+    # AOTAutograd's eager backend: dynamo traces the whole model (TileOPs' custom ops and their
+    # autograd formulas included) without the minutes inductor's C++ code generation takes on a
+    # CPU; tests/test_nn.py compiles the modules with inductor.
+    reference, model, report = patched_pair("qwen3")
+    ids = tokens()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss = compiled(ids, labels=ids).loss
+    loss.backward()
+    loss_reference = reference(ids, labels=ids).loss
+    loss_reference.backward()
+    torch.testing.assert_close(loss, loss_reference)
+    torch.testing.assert_close(model.model.layers[0].self_attn.q_norm.weight.grad, reference.model.layers[0].self_attn.q_norm.weight.grad)
+
+
+def test_the_report_lists_what_was_replaced_and_what_was_left():
+    _, model, report = patched_pair("qwen3")
+    assert {r.path for r in report.replaced} == {
+        "model.norm",
+        *(f"model.layers.{i}.{name}" for i in range(2)
+          for name in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")),
+    }
+    left = {(r.path, r.kind) for r in report.left}
+    assert left == {
+        ("model.layers.0.self_attn", "attention"), ("model.layers.1.self_attn", "attention"),
+        ("model.layers.0.mlp", "MLP activation"), ("model.layers.1.mlp", "MLP activation"),
+        ("model.rotary_emb", "rotary embedding"), ("loss_function", "loss"),
+    }
+    assert all(r.reason.startswith(tileops_hf.NOT_YET) for r in report.left)
+    text = str(report)
+    assert text.splitlines()[0] == "TileOPs in Qwen3ForCausalLM: 9 modules replaced, 6 parts left"
+    assert ("  Qwen3RMSNorm -> tileops.integrations.transformers.LlamaRMSNorm (9): model.layers.{0-1}.self_attn.q_norm, "
+            "model.layers.{0-1}.self_attn.k_norm, model.layers.{0-1}.input_layernorm, "
+            "model.layers.{0-1}.post_attention_layernorm, model.norm") in text
+    assert "  MLP activation: Qwen3MLP (2): model.layers.{0-1}.mlp: not patched yet: no TileOPs op (activation SiLUActivation)" in text
+    assert "  loss: ForCausalLMLoss (1): loss_function: not patched yet: no TileOPs op" in text
+
+    again = tileops_hf.apply(model)  # a second call replaces nothing
+    assert not again.replaced and {r.reason for r in again.left if r.kind == "norm"} == {"already a TileOPs module"}
+
+
+def test_target_reaches_every_replacement():
+    model = tiny_model("llama")
+    report = tileops_hf.apply(model, target="builtin")
+    assert "(target builtin)" in str(report)
+    assert {model.get_submodule(r.path).op.requested_target for r in report.replaced} == {"builtin"}
+
+
+def test_a_module_with_hooks_is_left_and_said_so():
+    model = tiny_model("llama")
+    model.model.norm.register_forward_hook(lambda module, args, output: None)
+    report = tileops_hf.apply(model)
+    (left,) = [r for r in report.left if r.kind == "norm"]
+    assert left.path == "model.norm" and left.reason == "it has forward_hooks: replacing it would drop them"
+    assert type(model.model.norm).__name__ == "LlamaRMSNorm" and model.model.norm.__module__.startswith("transformers")
+
+
+def test_loading_and_patching_in_one_step_and_checkpoints_are_unchanged(tmp_path):
+    reference = tiny_model("gemma")
+    reference.save_pretrained(tmp_path)
+    model = tileops_hf.from_pretrained(transformers.AutoModelForCausalLM, str(tmp_path))
+    assert isinstance(model.model.norm, tileops_hf.GemmaRMSNorm)
+    assert len(model.tileops_report.replaced) == 5
+    torch.testing.assert_close(model.model.norm.weight, reference.model.norm.weight)
+
+    config_model = tileops_hf.patched(transformers.AutoModelForCausalLM.from_config, target="builtin")(reference.config)
+    assert config_model.model.norm.op.requested_target == "builtin"
+
+    model.save_pretrained(tmp_path / "patched")  # the patched model's checkpoint loads unpatched
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "patched")
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+        torch.testing.assert_close(loaded(ids).logits, reference(ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "weight_dtype"),
+    [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16), (torch.float16, torch.float32)],
+    ids=["bf16", "bf16-fp32-weight", "fp32-bf16-weight", "fp16-fp32-weight"],
+)
+def test_the_norms_keep_transformers_result_dtype(x_dtype, weight_dtype):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    x = torch.randn(3, 4, 32, dtype=x_dtype, requires_grad=True)
+    for theirs in (LlamaRMSNorm(32, eps=1e-5), GemmaRMSNorm(32, eps=1e-5)):
+        with torch.no_grad():
+            theirs.weight.add_(torch.randn(32))
+        theirs.to(weight_dtype)
+        ours = copy.deepcopy(theirs)
+        holder = torch.nn.Sequential(ours)
+        tileops_hf.apply(holder)
+        expected, got = theirs(x), holder[0](x)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=1e-2)
+        (weight_grad,) = torch.autograd.grad(got.float().sum(), holder[0].weight)
+        (weight_grad_reference,) = torch.autograd.grad(expected.float().sum(), theirs.weight)
+        torch.testing.assert_close(weight_grad, weight_grad_reference, rtol=2e-2, atol=2e-2)
+
+
+class MyRMSNorm(torch.nn.Module):
+    """T5's RMSNorm, as a model outside transformers writes it."""
+
+    def __init__(self, n, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(n))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(variance + self.variance_epsilon)).to(x.dtype)
+
+
+class OffsetRMSNorm(MyRMSNorm):
+    """Gemma's formula under another name."""
+
+    def forward(self, x):
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (normed * (1 + self.weight.float())).type_as(x)
+
+
+class EpsOutsideRMSNorm(MyRMSNorm):
+    """Its eps is added outside the square root: close, but not what the op computes."""
+
+    def forward(self, x):
+        return self.weight * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.variance_epsilon)
+
+
+class ScaleNorm(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(float(n) ** 0.5))
+
+    def forward(self, x):
+        return self.scale * x / x.norm(dim=-1, keepdim=True).clamp(min=1e-5)
+
+
+class UnknownModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 32)
+        self.blocks = torch.nn.ModuleList([torch.nn.LayerNorm(32), MyRMSNorm(32), OffsetRMSNorm(32), torch.nn.RMSNorm(32, eps=1e-6),
+                                           EpsOutsideRMSNorm(32, eps=1e-2), ScaleNorm(32)])
+        self.shared = self.blocks[0]  # one module under two paths
+
+    def forward(self, x):
+        h = self.embed(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.shared(h)
+
+
+def test_an_unknown_architecture_gets_what_is_recognised_replaced_and_the_rest_reported():
+    torch.manual_seed(0)
+    reference = UnknownModel()
+    with torch.no_grad():
+        for module in reference.blocks[:1]:
+            module.weight.add_(0.1 * torch.randn(32))
+    model = copy.deepcopy(reference)
+    report = tileops_hf.apply(model)
+    replaced = {(r.path, r.original, r.replacement) for r in report.replaced}
+    assert replaced == {
+        ("blocks.0", "LayerNorm", "tileops.nn.LayerNorm"),
+        ("shared", "LayerNorm", "tileops.nn.LayerNorm"),
+        ("blocks.1", "MyRMSNorm", "tileops.integrations.transformers.LlamaRMSNorm"),
+        ("blocks.2", "OffsetRMSNorm", "tileops.integrations.transformers.GemmaRMSNorm"),
+        ("blocks.3", "RMSNorm", "tileops.nn.RMSNorm"),
+    }
+    assert model.shared is model.blocks[0] and isinstance(model.shared, tileops.nn.LayerNorm)
+    left = {r.path: r for r in report.left}
+    assert left.keys() == {"blocks.4", "blocks.5"}
+    assert left["blocks.4"].reason.startswith("its output on a probe input matches no TileOPs module (LlamaRMSNorm's formula: ")
+    assert left["blocks.5"].reason == "no TileOPs module computes it"
+    assert "\n  norm: ScaleNorm (1): blocks.5: no TileOPs module computes it" in str(report)
+    assert model.state_dict().keys() == reference.state_dict().keys()
+
+    x = torch.randn(5, 8, requires_grad=True)
+    x_reference = x.detach().clone().requires_grad_()
+    torch.testing.assert_close(model(x), reference(x_reference))
+    model(x).square().sum().backward()
+    reference(x_reference).square().sum().backward()
+    torch.testing.assert_close(x.grad, x_reference.grad)
+
+
+def test_the_ops_and_modules_do_not_import_transformers():
+    code = ("import sys, tileops.ops, tileops.nn, tileops.integrations, tileops.integrations.transformers; "
+            "assert 'transformers' not in sys.modules, 'transformers was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
