@@ -74,9 +74,16 @@ _checks = {
     "GeGLUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x, _r)[1], _F.gelu(_x) * _r),
     "PackedSwiGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.silu(_x[:, :4]) * _r[:, :4]),
     "PackedGeGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.gelu(_x[:, :4]) * _r[:, :4]),
+    # Rows of x as (3 tokens, 1 head, 8), cos 0 and sin 1 at position 0: a quarter turn of each pair, and back.
+    "RotaryEmbeddingFwdOp": lambda op: torch.testing.assert_close(
+        op(_x[:, None], _r[:, None], torch.zeros(1, 8), torch.ones(1, 8), torch.zeros(3, dtype=torch.int64))[0][:, 0],
+        torch.cat((-_x[:, 4:], _x[:, :4]), -1)),
+    "RotaryEmbeddingBwdOp": lambda op: torch.testing.assert_close(
+        op(_x[:, None], _r[:, None], torch.zeros(1, 8), torch.ones(1, 8), torch.zeros(3, dtype=torch.int64))[0][:, 0],
+        torch.cat((_x[:, 4:], -_x[:, :4]), -1)),
 }
-# The ops that take no param are constructed without one; the others with 8 (normalized_shape)
-# or 4 (the packed activations' half width d, of rows of 8).
+# The ops that take no param are constructed without one; the others with 8 (normalized_shape,
+# the rope ops' rotary_dim) or 4 (the packed activations' half width d, of rows of 8).
 _NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp"}
 _construct = lambda name: _classes[name](target="builtin") if name in _NO_PARAM else _classes[name](4 if name.startswith("Packed") else 8, target="builtin")  # noqa: E731
 _classes = {c.__name__: c for cs in _FAMILIES.values() for c in cs}
