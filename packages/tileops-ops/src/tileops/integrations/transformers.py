@@ -281,7 +281,7 @@ class Report:
 
     def __str__(self) -> str:
         target = "" if self.target is None else f" (target {self.target})"
-        lines = [f"TileOPs in {self.model}{target}: {len(self.replaced)} modules replaced, {len(self.left)} parts left"]
+        lines = [f"TileOPs in {self.model}{target}: {_count(self.replaced, 'module')} replaced, {_count(self.left, 'part')} left"]
         if self.replaced:
             lines.append("replaced:")
             groups = _grouped(self.replaced, lambda r: f"{r.original} -> {r.replacement}")
@@ -291,6 +291,10 @@ class Report:
             groups = _grouped(self.left, lambda r: (f"{r.kind}: {r.original}", r.reason))
             lines += [f"  {key} ({len(paths)}): {', '.join(_compressed(paths))}: {reason}" for (key, reason), paths in groups.items()]
         return "\n".join(lines)
+
+
+def _count(entries: list, noun: str) -> str:
+    return f"{len(entries)} {noun}{'' if len(entries) == 1 else 's'}"
 
 
 def _grouped(entries, key) -> dict[Any, list[str]]:
