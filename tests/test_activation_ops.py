@@ -143,17 +143,7 @@ class _MLP(torch.nn.Module):
         return self.activation(self.down(self.packed(self.gate_up(x))))
 
 
-# A compiled call that records history is the op's ``_saving`` custom op, whose schema returns
-# a bare Tensor when the outputs and saved statistics number one in all, while its
-# implementation returns a tuple: every activation forward (one output, ``saves: []``) hits it.
-_SAVING_SCHEMA = pytest.mark.xfail(
-    strict=True, raises=Exception,
-    reason="tileops.core.tracing: the _saving custom op of a forward with one output and saves: [] returns a "
-    "tuple where its schema declares a Tensor (core fix pending)",
-)
-
-
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=_SAVING_SCHEMA)], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_gated_mlp_trains_as_the_same_mlp_with_torch_ops(compiled):
     ours = _MLP(32, 48, PackedSwiGLUFwdOp(48), GELUFwdOp("tanh"))
     theirs = _MLP(32, 48, lambda h: F.silu(h[..., :48]) * h[..., 48:], lambda h: F.gelu(h, approximate="tanh"))

@@ -185,6 +185,7 @@ def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of)
     the backward op instance's custom op. ``instance_of(key)`` is the op instance a key names."""
 
     def setup_context(ctx, inputs, output):
+        output = output if isinstance(output, tuple) else (output,)  # one output, nothing saved
         ctx.key = inputs[-1]
         ctx.present = [t is not None for t in inputs[:n_inputs]]
         wiring = instance_of(ctx.key).differentiation

@@ -184,7 +184,7 @@ def _saving_custom_op(op_class: type[Op]):
         # A custom op's result may alias none of its arguments (an implementation may return a
         # view of an input where nothing changes).
         outputs = tuple(r.clone() if _is_input(r, inputs) else r for r in outputs)
-        return (*outputs, *saved)
+        return _one_or_tuple((*outputs, *saved))
 
     def fake(*arguments):
         inputs, given, key = split(arguments)
@@ -193,7 +193,7 @@ def _saving_custom_op(op_class: type[Op]):
             call = op.signature().bind(op.params, inputs, given, check_overlap=False)
         except OpArgumentError:
             outputs = _placeholders(entry, inputs)
-            return (*outputs, *[torch.empty(0, device=outputs[0].device) for _ in saves])
+            return _one_or_tuple((*outputs, *[torch.empty(0, device=outputs[0].device) for _ in saves]))
         outputs = tuple(
             torch.empty(shape, dtype=dtype, device=call.device)
             for shape, dtype in zip(call.output_shapes, call.output_dtypes)
@@ -201,7 +201,7 @@ def _saving_custom_op(op_class: type[Op]):
         tensors = {t.name: value for t, value in zip(entry.inputs, call.inputs)}
         for t, value in zip(entry.outputs, outputs):
             tensors[t.name] = tensors[f"d{t.name}"] = value
-        return (*outputs, *_statistics(backward_entry, saves, tensors, op.params, call.device))
+        return _one_or_tuple((*outputs, *_statistics(backward_entry, saves, tensors, op.params, call.device)))
 
     custom = torch.library.custom_op(
         f"tileops::{name}_saving", implementation, mutates_args=(), schema=_schema(op_class, False, saving=True)
@@ -209,6 +209,11 @@ def _saving_custom_op(op_class: type[Op]):
     custom.register_fake(fake)
     autograd.register_formula(custom, n_inputs, n_outputs, lambda key: _instance(key, name))
     return custom
+
+
+def _one_or_tuple(results: tuple):
+    """A custom op's results as its schema returns them: one tensor alone, several as a tuple."""
+    return results[0] if len(results) == 1 else results
 
 
 def _statistics(backward_entry, saves, tensors: dict, params, device) -> list[torch.Tensor]:
@@ -312,6 +317,8 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
     if wiring is not None and wiring.needs_grad(inputs):
         autograd.refuse_buffers(op, {k: v for k, v in outs.items() if v is not None})
         results = type(op).__dict__["_custom_op_saving"](*inputs, *execution, op.trace_key)
+        if not isinstance(results, tuple):  # one output and nothing saved
+            return results
         n_outputs = len(signature.entry.outputs)
         return results[0] if n_outputs == 1 else tuple(results[:n_outputs])
     if all(buffer is None for buffer in buffers):
