@@ -308,3 +308,46 @@ def test_the_ops_and_modules_do_not_import_transformers():
     code = ("import sys, tileops.ops, tileops.nn, tileops.integrations, tileops.integrations.transformers; "
             "assert 'transformers' not in sys.modules, 'transformers was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- the GPU tier: the same comparisons at bfloat16 on CUDA, where the TileLang kernels serve the ops --
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture", sorted(CONFIGS))
+def test_on_cuda_the_patched_model_computes_trains_and_generates_as_the_unpatched_one(architecture):
+    # head_dim 64 and hidden 256: widths the kernels take, as real models' are.
+    reference, model, report = patched_pair(architecture, torch.bfloat16, hidden_size=256, intermediate_size=512)
+    reference.cuda()
+    model.cuda()
+    ids = tokens(2, 64).cuda()
+    with torch.no_grad():  # logits up to about 2: an ulp of bfloat16 there is 0.0156
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1.6e-2, atol=2e-2)
+    loss, loss_reference = model(ids, labels=ids).loss, reference(ids, labels=ids).loss
+    torch.testing.assert_close(loss, loss_reference, **TOLERANCE[torch.bfloat16])
+    loss.backward()
+    loss_reference.backward()
+    expected = dict(reference.named_parameters())
+    for name, parameter in model.named_parameters():
+        assert_gradients_close(parameter.grad, expected[name].grad, name)
+    for replaced in report.replaced:  # every norm ran a TileLang kernel, none the CPU's
+        kernels = model.get_submodule(replaced.path).op.built_kernels()
+        assert kernels and all(type(kernel).__module__.startswith("tileops.kernels.cuda") for _, kernel in kernels), replaced.path
+    generated = model.generate(ids[:1, :8], max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
+    assert generated.shape == (1, 12)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_compiled_patched_model_trains():
+    reference, model, _ = patched_pair("qwen3", torch.bfloat16, hidden_size=256, intermediate_size=512)
+    reference.cuda()
+    model.cuda()
+    ids = tokens(2, 64).cuda()
+    loss = torch.compile(model)(ids, labels=ids).loss
+    loss.backward()
+    loss_reference = reference(ids, labels=ids).loss
+    loss_reference.backward()
+    torch.testing.assert_close(loss, loss_reference, **TOLERANCE[torch.bfloat16])
+    expected = dict(reference.named_parameters())
+    for name, parameter in model.named_parameters():
+        assert_gradients_close(parameter.grad, expected[name].grad, name)
