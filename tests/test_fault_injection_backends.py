@@ -81,6 +81,9 @@ _checks = {
     "RotaryEmbeddingBwdOp": lambda op: torch.testing.assert_close(
         op(_x[:, None], _r[:, None], torch.zeros(1, 8), torch.ones(1, 8), torch.zeros(3, dtype=torch.int64))[0][:, 0],
         torch.cat((_x[:, 4:], -_x[:, :4]), -1)),
+    "RotaryEmbeddingInplaceFwdOp": lambda op: torch.testing.assert_close(
+        op(_x.clone()[:, None], _r.clone()[:, None], torch.zeros(1, 8), torch.ones(1, 8), torch.zeros(3, dtype=torch.int64))[0][:, 0],
+        torch.cat((-_x[:, 4:], _x[:, :4]), -1)),
 }
 # The ops that take no param are constructed without one; the others with 8 (normalized_shape,
 # the rope ops' rotary_dim) or 4 (the packed activations' half width d, of rows of 8).

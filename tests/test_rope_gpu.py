@@ -1,7 +1,8 @@
 """GPU tier: the rope family's TileLang kernels on CUDA, against the manifest's reference, Hugging
 Face's formulas (written out in ``test_rope_ops``) and the CPU implementation: every workload,
 both kernel variants, GQA, 3-D tokens, q and k sliced from a fused qkv tensor, decode positions
-that are not contiguous, float32 and 16-bit caches, gradients and a compiled training step.
+that are not contiguous, float32 and 16-bit caches, gradients and a compiled training step, and
+the in-place op on slices.
 
 They need a CUDA GPU (``pytest -m gpu``, or ``tools/gpu-tier.sh``); elsewhere they skip.
 """
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from test_rope_ops import apply_rotary_pos_emb, gptj_table, llama_caches, rotate_every_two
-from tileops.ops import FAMILIES, RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp
+from tileops.ops import FAMILIES, RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp, RotaryEmbeddingInplaceFwdOp
 from tileops.testing import check_workload, workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -167,3 +168,19 @@ def test_a_compiled_training_step_on_cuda_needs_no_graph_break():
     (q_rot.square().sum() + (k_rot * 3).sum()).backward()
     torch.testing.assert_close(q.grad, q_ref.grad)
     torch.testing.assert_close(k.grad, k_ref.grad)
+
+
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+def test_in_place_on_cuda_writes_what_the_out_of_place_op_returns(style):
+    tokens, heads_q, heads_k, dim = 19, 32, 8, 128
+    qv = torch.randn(tokens, (heads_q + heads_k) * dim, dtype=torch.bfloat16, device="cuda")
+    q = qv[:, : heads_q * dim].view(tokens, heads_q, dim)  # a strided slice of a fused [q | v]
+    k = torch.randn(tokens, heads_k, dim, dtype=torch.bfloat16, device="cuda")
+    cos, sin = torch.randn(2, 64, 96, device="cuda").unbind(0)
+    position_ids = torch.randint(0, 64, (tokens,), device="cuda")
+    q_want, k_want = RotaryEmbeddingFwdOp(96, style)(q, k, cos, sin, position_ids)
+    op = RotaryEmbeddingInplaceFwdOp(96, style)
+    q_out, k_out = op(q, k, cos, sin, position_ids)
+    assert q_out is q and k_out is k and _served_by(op) == {"tilelang"}
+    torch.testing.assert_close(q, q_want, atol=0, rtol=0)
+    torch.testing.assert_close(k, k_want, atol=0, rtol=0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tileops.backend import OpArgumentError
-from tileops.ops import FAMILIES, RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp
+from tileops.ops import FAMILIES, RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp, RotaryEmbeddingInplaceFwdOp
 from tileops.testing import check_workload, workload_cases
 
 #: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
@@ -163,6 +163,32 @@ def test_q_and_k_sliced_from_a_fused_qkv_tensor():
     torch.testing.assert_close(q_rot, q_ref, atol=0, rtol=0)
     torch.testing.assert_close(k_rot, k_ref, atol=0, rtol=0)
     assert torch.equal(qkv, before)  # out of place: the fused tensor is not written
+
+
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+def test_in_place_rotates_q_and_k_where_they_are_slices_included(style):
+    batch, seq, heads_q, heads_k, dim = 2, 5, 8, 2, 64
+    qv = torch.randn(batch, seq, (heads_q + heads_k) * dim, dtype=torch.bfloat16)  # a fused [q | v]
+    q = qv[..., : heads_q * dim].view(batch, seq, heads_q, dim)
+    k = torch.randn(batch, seq, heads_k, dim, dtype=torch.bfloat16)
+    v_before = qv[..., heads_q * dim :].clone()
+    cos, sin = llama_caches(16, 32)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4], [11, 3, 15, 0, 7]])
+    q_want, k_want = RotaryEmbeddingFwdOp(32, style)(q, k, cos, sin, position_ids)
+    q_out, k_out = RotaryEmbeddingInplaceFwdOp(32, style)(q, k, cos, sin, position_ids)
+    assert q_out is q and k_out is k
+    torch.testing.assert_close(q, q_want, atol=0, rtol=0)
+    torch.testing.assert_close(k, k_want, atol=0, rtol=0)
+    assert torch.equal(qv[..., heads_q * dim :], v_before)  # v untouched
+
+
+def test_in_place_q_and_k_of_one_fused_tensor_are_refused_as_overlapping():
+    # The call path's overlap check compares memory ranges, and the two slices' ranges interleave.
+    qkv = torch.randn(2, 5, 12 * 64)
+    q, k = qkv[..., : 8 * 64].view(2, 5, 8, 64), qkv[..., 8 * 64 : 10 * 64].view(2, 5, 2, 64)
+    cos, sin = llama_caches(16, 64)
+    with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingInplaceFwdOp: argument 'q' and argument 'k' share memory"):
+        RotaryEmbeddingInplaceFwdOp()(q, k, cos, sin, torch.zeros(2, 5, dtype=torch.int64))
 
 
 def test_decode_with_positions_that_are_not_contiguous():

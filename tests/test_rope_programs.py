@@ -8,7 +8,7 @@ import torch
 
 from helpers import run_python
 from tileops.kernels.cuda import rope as rope_kernels
-from tileops.ops import RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp
+from tileops.ops import RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp, RotaryEmbeddingInplaceFwdOp
 
 CUDA = torch.device("cuda", 0)
 
@@ -29,6 +29,13 @@ def test_model_heads_take_the_vectorised_kernel_and_the_rest_the_general_one(op_
     assert _selected(op_class(6), torch.bfloat16, 3, 1, 10) == "tilelang_general"  # 3 pairs: no whole vector
     assert _selected(op_class(24), torch.bfloat16, 32, 32, 80) == "tilelang_general"  # 12 pairs, 8-wide vectors
     assert _selected(op_class(), torch.float64, 4, 2, 64) == "torch_float64"
+
+
+def test_the_in_place_op_takes_the_tilelang_rotation_for_every_16_and_32_bit_call():
+    assert _selected(RotaryEmbeddingInplaceFwdOp(), torch.bfloat16, 32, 8, 128) == "tilelang"
+    assert _selected(RotaryEmbeddingInplaceFwdOp(6), torch.float16, 3, 1, 9, aligned=False) == "tilelang"
+    assert _selected(RotaryEmbeddingInplaceFwdOp(), torch.float64, 4, 2, 64) == "torch_float64"
+    assert _selected(RotaryEmbeddingInplaceFwdOp(), torch.float32, 4, 2, 64, cos_dtype=torch.float64) == "torch_float64"
 
 
 def test_the_vectorised_refusal_says_what_the_general_kernel_serves():

@@ -13,7 +13,12 @@ import torch
 
 from tileops.core import Kernel
 
-from .interfaces import RopeCall, RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
+from .interfaces import (
+    RopeCall,
+    RotaryEmbeddingBwdInterface,
+    RotaryEmbeddingFwdInterface,
+    RotaryEmbeddingInplaceInterface,
+)
 
 
 def _wide(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -87,6 +92,16 @@ class TorchCpuRotaryEmbeddingBwd(_TorchRope, RotaryEmbeddingBwdInterface):
         return self._both(dq_rot, dk_rot, cos, sin, position_ids)
 
 
+class TorchCpuRotaryEmbeddingInplace(_TorchRope, RotaryEmbeddingInplaceInterface):
+    """The forward map in plain torch, copied into q and k (any leading shape and strides)."""
+
+    @torch.no_grad()
+    def forward(self, q, k, cos, sin, position_ids):
+        q_rot, k_rot = self._both(q, k, cos, sin, position_ids)
+        q.copy_(q_rot)
+        k.copy_(k_rot)
+
+
 def _float64_on_cuda(cpu_class: type[_TorchRope]) -> type[_TorchRope]:
     """The same implementation for float64 calls on CUDA (the TileLang kernels refuse them)."""
 
@@ -106,5 +121,6 @@ IMPLEMENTATIONS = {
     for interface, cpu_class in (
         (RotaryEmbeddingFwdInterface, TorchCpuRotaryEmbedding),
         (RotaryEmbeddingBwdInterface, TorchCpuRotaryEmbeddingBwd),
+        (RotaryEmbeddingInplaceInterface, TorchCpuRotaryEmbeddingInplace),
     )
 }

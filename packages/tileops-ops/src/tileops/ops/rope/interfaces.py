@@ -57,6 +57,11 @@ class RopeBwdCall(RopeCall):
     """A call of ``RotaryEmbeddingBwdInterface``."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RopeInplaceCall(RopeCall):
+    """A call of ``RotaryEmbeddingInplaceInterface``."""
+
+
 class RotaryEmbeddingFwdInterface(KernelInterface):
     call_spec = RopeCall
 
@@ -77,3 +82,15 @@ class RotaryEmbeddingBwdInterface(KernelInterface):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(dq, dk)``: new tensors, the incoming gradients mapped by the backward map
         of the module docstring (the forward's transpose)."""
+
+
+class RotaryEmbeddingInplaceInterface(KernelInterface):
+    call_spec = RopeInplaceCall
+
+    @abc.abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor
+    ) -> None:
+        """Write the forward map of the module docstring into q and k, which come as the caller
+        passed them: (..., heads, D) with any strides (slices of a fused qkv tensor), and
+        position_ids of their leading shape. Return nothing."""

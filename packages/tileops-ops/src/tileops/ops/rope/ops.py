@@ -1,5 +1,6 @@
-"""The rope family's ops: ``RotaryEmbeddingFwdOp`` (q and k rotated in one call) and its
-backward op ``RotaryEmbeddingBwdOp``.
+"""The rope family's ops: ``RotaryEmbeddingFwdOp`` (q and k rotated in one call), its backward
+op ``RotaryEmbeddingBwdOp``, and ``RotaryEmbeddingInplaceFwdOp`` (the same rotation written into
+q and k, which reach its implementation as the caller passed them; not differentiable).
 
 Each op builds the call spec its interface takes, runs the implementation selection picks, and hands it q and k
 with their token dimensions flattened, (T, heads, D), and position_ids as (T,): views, since
@@ -17,7 +18,7 @@ import torch
 from tileops.core import Op
 
 from .cpu import IMPLEMENTATIONS
-from .interfaces import RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
+from .interfaces import RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface, RotaryEmbeddingInplaceInterface
 
 _ALIGNMENT = 16  # bytes; vectorised kernels move 16 bytes per access
 
@@ -119,3 +120,21 @@ class RotaryEmbeddingBwdOp(_RopeOp):
 
     def forward(self, dq_rot, dk_rot, cos, sin, position_ids):
         return self._rotate(RotaryEmbeddingBwdInterface, dq_rot, dk_rot, cos, sin, position_ids)
+
+
+class RotaryEmbeddingInplaceFwdOp(_RopeOp):
+    """Rotary position embedding of q and k where they are: ``op(q, k, cos, sin, position_ids)
+    -> (q, k)``. q and k may be slices of a fused qkv tensor. Not differentiable (a training step
+    uses ``RotaryEmbeddingFwdOp``), and, as every op whose outputs alias its inputs, not traced by
+    ``torch.compile`` yet."""
+
+    kernel_interfaces = (RotaryEmbeddingInplaceInterface,)
+    in_tree_kernels = {RotaryEmbeddingInplaceInterface: IMPLEMENTATIONS[RotaryEmbeddingInplaceInterface]}
+
+    def forward(self, q, k, cos, sin, position_ids):
+        kernel = self.kernel_for(
+            RotaryEmbeddingInplaceInterface, q.device, q.dtype, cos.dtype, q.shape[-2], k.shape[-2], q.shape[-1],
+            _aligned(q, k, cos, sin),
+        )
+        kernel.forward(q, k, cos, sin, position_ids)
+        return q, k

@@ -6,7 +6,11 @@ pointer is 16-byte aligned: every model's head of 64, 128 or 256 columns), ``til
 moves single columns and serves every even rotated width, head size and alignment. The backward
 kernels are the forward's with ``inverse`` (sin negated and read at the partner column).
 ``KERNELS`` (interface -> key -> class) is the table the ops name; where both serve a call the
-vectorised one wins (``preferred_over``), and the general one is ``general``.
+vectorised one wins (``preferred_over``), and the general one is ``general``. The in-place op's
+``tilelang`` rotates through the forward kernel into new tensors and copies them back: twice the
+memory traffic of a kernel that writes in place. The program has an in-place build (``programs``,
+compiled in the compile tier), which waits on the shared runtime: its launcher allocates at least
+one output.
 
 The launch rule follows from the shape: a token's units (``programs``) are cut into blocks of
 ``launch_threads(units)`` threads, the multiple of 32 up to 256 that leaves the fewest threads
@@ -21,7 +25,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from tileops.ops.rope import RopeCall, RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface
+from tileops.core import Kernel
+from tileops.ops.rope import (
+    RopeCall,
+    RotaryEmbeddingBwdInterface,
+    RotaryEmbeddingFwdInterface,
+    RotaryEmbeddingInplaceInterface,
+)
 
 from ..kernel import BuildPlan, Output, TileLangKernel
 from . import programs
@@ -142,10 +152,43 @@ class TileLangRopeBwdGeneral(_TileLangRope, RotaryEmbeddingBwdInterface):
     general = True
 
 
+class TileLangRopeInplace(Kernel, RotaryEmbeddingInplaceInterface):
+    """The in-place rotation by the forward kernel (the vectorised one where it serves the call,
+    else the general one): q and k rotated into new tensors, then copied into q and k, whatever
+    their strides."""
+
+    @classmethod
+    def refusal(cls, call: RopeCall) -> str | None:
+        return TileLangRopeGeneral.refusal(call)
+
+    @classmethod
+    def entry_for(cls, call: RopeCall):
+        return call, lambda: cls(call)
+
+    def __init__(self, call: RopeCall) -> None:
+        super().__init__()
+        variant = TileLangRope if TileLangRope.refusal(call) is None else TileLangRopeGeneral
+        self.rotate = variant(call)
+        self.config = self.rotate.config
+
+    def request_tune(self) -> None:
+        self.rotate.request_tune()
+
+    def forward(self, q, k, cos, sin, position_ids):
+        positions = position_ids.reshape(-1)
+        tokens = positions.shape[0]
+        q_rot, k_rot = self.rotate.forward(
+            q.reshape(tokens, *q.shape[-2:]), k.reshape(tokens, *k.shape[-2:]), cos, sin, positions
+        )
+        q.copy_(q_rot.view(q.shape))
+        k.copy_(k_rot.view(k.shape))
+
+
 TileLangRope.preferred_over = frozenset({"tilelang_general"})
 TileLangRopeBwd.preferred_over = frozenset({"tilelang_general"})
 
 KERNELS = {
     RotaryEmbeddingFwdInterface: {"tilelang": TileLangRope, "tilelang_general": TileLangRopeGeneral},
     RotaryEmbeddingBwdInterface: {"tilelang": TileLangRopeBwd, "tilelang_general": TileLangRopeBwdGeneral},
+    RotaryEmbeddingInplaceInterface: {"tilelang": TileLangRopeInplace},
 }
