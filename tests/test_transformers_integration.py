@@ -93,6 +93,26 @@ def test_the_patched_model_computes_and_trains_as_the_unpatched_one(architecture
         assert_gradients_close(parameter.grad, expected[name].grad, name)
 
 
+@pytest.mark.parametrize(
+    ("config", "original", "replacement", "count"),
+    [("MixtralConfig", "MixtralRMSNorm", tileops_hf.LlamaRMSNorm, 5), ("Gemma3TextConfig", "Gemma3RMSNorm", tileops_hf.GemmaRMSNorm, 13)],
+    ids=["mixtral", "gemma3"],
+)
+def test_the_norms_of_architectures_outside_the_list_are_probed_and_replaced(config, original, replacement, count):
+    torch.manual_seed(0)
+    reference = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config)(**TINY))
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if "norm" in name:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    model = copy.deepcopy(reference)
+    report = tileops_hf.apply(model)
+    assert [(r.original, r.replacement) for r in report.replaced] == [(original, f"tileops.integrations.transformers.{replacement.__name__}")] * count
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, **TOLERANCE[torch.float32])
+
+
 def test_a_replacement_holds_the_replaced_modules_own_parameters():
     model = tiny_model("qwen3")
     weights = {name: module.weight for name, module in model.named_modules() if type(module).__name__ == "Qwen3RMSNorm"}
