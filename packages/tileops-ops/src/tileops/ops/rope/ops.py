@@ -2,11 +2,12 @@
 op ``RotaryEmbeddingBwdOp``, and ``RotaryEmbeddingInplaceFwdOp`` (the same rotation written into
 q and k, which reach its implementation as the caller passed them; not differentiable).
 
-Each op builds the call spec its interface takes, runs the implementation selection picks, and hands it q and k
-with their token dimensions flattened, (T, heads, D), and position_ids as (T,): views, since
-the call path has made every read input contiguous. The forward op is differentiable: it saves
-nothing (``saves: []``), and core's autograd wiring calls the backward op with the incoming
-gradients and the forward's cos, sin and position_ids.
+Each op builds the call spec its interface takes, runs the implementation selection picks, and
+hands it q and k with their token dimensions flattened, (T, heads, D), and position_ids as (T,):
+views, since the call path has made every read input contiguous (the in-place op passes q and k
+as they are). The forward op is differentiable: it saves nothing (``saves: []``), and core's
+autograd wiring calls the backward op with the incoming gradients and the forward's cos, sin and
+position_ids.
 """
 
 from __future__ import annotations
