@@ -28,7 +28,7 @@ uv venv --quiet --python "$(uv python find)" "$work/venv"
 python="$work/venv/bin/python"
 uv pip install --quiet --python "$python" --constraint "$work/constraints.txt" "torch==$floor.*" \
     -e packages/tileops-core -e packages/tileops-ops -e packages/tileops-kernels-cuda \
-    -e packages/tileops-acme-template -e . pytest hypothesis
+    -e packages/tileops-acme-template -e . pytest hypothesis transformers
 "$python" - "$floor" <<'CHECK'
 import sys, torch
 print(f"torch {torch.__version__} (the declared floor: torch>={sys.argv[1]})")
