@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import hypothesis
 import pytest
 
 from tileops.core.discovery import load_backends
@@ -12,6 +13,12 @@ from tileops.core.registry import journal
 
 # Tuned kernel configurations go to a folder of the test session's own, never the user's cache.
 os.environ["TILEOPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="tileops-test-cache-")
+
+# In CI the property tests draw the same examples on every run (a failure there is reproduced
+# by any rerun, never a one-off); elsewhere each run explores new ones.
+hypothesis.settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    hypothesis.settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
