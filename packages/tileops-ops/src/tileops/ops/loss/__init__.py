@@ -1,0 +1,22 @@
+"""The loss family: cross-entropy over logits (the reduced loss and every row's), forward and
+backward, and the fused linear cross-entropy; their kernel interfaces and call specs.
+
+``OPS`` lists the family's op classes, in the order ``tileops.ops.FAMILIES`` and the command line
+show them; ``command_line`` holds the peer libraries ``tileops bench`` times beside them.
+"""
+
+from .interfaces import CrossEntropyCall, CrossEntropyGradInterface, CrossEntropyRowsInterface
+from .ops import CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyPerRowBwdOp, CrossEntropyPerRowFwdOp
+
+OPS = (CrossEntropyFwdOp, CrossEntropyPerRowFwdOp, CrossEntropyBwdOp, CrossEntropyPerRowBwdOp)
+
+__all__ = [
+    "OPS",
+    "CrossEntropyBwdOp",
+    "CrossEntropyCall",
+    "CrossEntropyFwdOp",
+    "CrossEntropyGradInterface",
+    "CrossEntropyPerRowBwdOp",
+    "CrossEntropyPerRowFwdOp",
+    "CrossEntropyRowsInterface",
+]

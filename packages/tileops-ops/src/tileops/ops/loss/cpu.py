@@ -1,0 +1,112 @@
+"""Plain-torch implementations of the loss family's kernel interfaces.
+
+They compute in float32 (float64 for float64 logits), as the TileLang kernels do. The
+``torch_cpu`` ones are ``general``: they serve every CPU call, and any narrower implementation a
+backend adds beats them. The ``torch_float64`` ones serve float64 calls on CUDA, which the
+TileLang kernels do not take (float64 is there for ``gradcheck``, not for speed). They record no
+autograd history: the ops' autograd node calls the backward op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileops.core import Kernel
+
+from .interfaces import CrossEntropyCall, CrossEntropyGradInterface, CrossEntropyRowsInterface
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the rows are computed in: float64 for float64 logits, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """The logits in their compute dtype, soft-capped where ``softcap`` is given."""
+    z = logits.to(compute_dtype(logits.dtype))
+    return z if softcap is None else softcap * torch.tanh(z / softcap)
+
+
+def safe_targets(targets: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(targets clamped into [0, V) as int64, whether each one was in range): what a row reads."""
+    in_range = (targets >= 0) & (targets < vocab)
+    return torch.where(in_range, targets, 0).long(), in_range
+
+
+class _TorchLoss(Kernel):
+    devices = frozenset({"cpu"})
+    general = True
+
+    def __init__(self, call: CrossEntropyCall) -> None:
+        super().__init__()
+        self.call = call
+
+    @classmethod
+    def entry_for(cls, call: CrossEntropyCall):
+        # Everything but the device and dtype is read per call from the spec the kernel keeps.
+        return call, lambda: cls(call)
+
+
+class TorchCpuCrossEntropyRows(_TorchLoss, CrossEntropyRowsInterface):
+    def forward(self, logits, targets):
+        call = self.call
+        z = capped(logits, call.softcap)
+        lse = torch.logsumexp(z, -1)
+        index, in_range = safe_targets(targets, z.shape[-1])
+        picked = z.gather(-1, index[:, None])[:, 0]
+        loss = lse - (1.0 - call.label_smoothing) * picked
+        if call.label_smoothing:
+            loss = loss - call.label_smoothing / z.shape[-1] * z.sum(-1)
+        if call.lse_square_scale:
+            loss = loss + call.lse_square_scale * lse.square()
+        ignored = targets == call.ignore_index
+        loss = torch.where(ignored, 0.0, torch.where(in_range, loss, float("nan")))
+        return loss, lse
+
+
+class TorchCpuCrossEntropyGrad(_TorchLoss, CrossEntropyGradInterface):
+    def forward(self, logits, targets, lse, softmax_scale, target_scale, dlogits):
+        call = self.call
+        wide = compute_dtype(logits.dtype)
+        z = capped(logits, call.softcap)
+        vocab = z.shape[-1]
+        a, b = softmax_scale.to(wide)[:, None], target_scale.to(wide)[:, None]
+        grad = a * torch.exp(z - lse.to(wide)[:, None])
+        if call.label_smoothing:
+            grad = grad - b * (call.label_smoothing / vocab)
+        index, in_range = safe_targets(targets, vocab)
+        hit = b[:, 0] * (1.0 - call.label_smoothing) * in_range
+        grad = grad.scatter_add(-1, index[:, None], -hit[:, None])
+        if call.softcap is not None:
+            grad = grad * (1.0 - (z / call.softcap).square())
+        return dlogits.copy_(grad)
+
+
+class _Float64OnCuda:
+    """Mixed into a CPU implementation: the same computation for float64 calls on CUDA, which
+    the TileLang kernels refuse."""
+
+    devices = frozenset({"cuda"})
+    general = False
+
+    @classmethod
+    def refusal(cls, call) -> str | None:
+        if call.dtype != torch.float64:
+            return f"serves float64 only (the TileLang kernels serve {call.dtype})"
+        return None
+
+
+#: key -> class per interface: the CPU implementations, and the float64 ones on CUDA. A key names
+#: one implementation across an op's interfaces, so the grad step's keys end in ``_grad``.
+IMPLEMENTATIONS = {
+    interface: {
+        f"torch_cpu{suffix}": cpu_class,
+        f"torch_float64{suffix}": type(
+            cpu_class.__name__.replace("TorchCpu", "TorchFloat64"), (_Float64OnCuda, cpu_class), {"__module__": __name__}
+        ),
+    }
+    for interface, cpu_class, suffix in (
+        (CrossEntropyRowsInterface, TorchCpuCrossEntropyRows, ""),
+        (CrossEntropyGradInterface, TorchCpuCrossEntropyGrad, "_grad"),
+    )
+}

@@ -1,0 +1,89 @@
+"""The loss family's kernel interfaces and call specs: the contract every implementation of the
+cross-entropy row kernels (in-tree or a backend's) is written against.
+
+Two steps serve every op of the family, the fused linear cross-entropy included:
+
+- ``CrossEntropyRowsInterface``: each row's loss and log-sum-exp from (N, V) logits and (N,)
+  targets, in float32 (float64 for float64 logits). The op reduces the rows (mean or sum) itself,
+  which costs a few microseconds on N floats and keeps one kernel for every reduction.
+- ``CrossEntropyGradInterface``: the gradient of the logits from per-row coefficients, written
+  into a tensor the caller gives (a new one, or the logits themselves when the caller no longer
+  needs them: the fused linear cross-entropy computes each chunk's gradient in place).
+
+Kernels see contiguous tensors; the targets are int64 or int32 as the caller gave them. A target
+that is neither ignore_index nor in [0, V) is refused by the op before any kernel runs (outside
+CUDA-graph capture, see docs/loss.md); an implementation must still never read out of bounds for
+one, and gives such a row a NaN loss.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import torch
+
+from tileops.core import CallSpec, KernelInterface
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyCall(CallSpec):
+    """The facts of one cross-entropy kernel call that select and build its kernel.
+
+    ``vocab`` is V (a compile-time constant of the TileLang programs; a model has one);
+    ``target_dtype`` the targets' dtype; ``aligned`` says that the logits' data pointer is
+    16-byte aligned and a row is a whole number of 16-byte accesses (V * itemsize % 16 == 0),
+    which the vectorised programs need. The row count is not part of the spec: every N reuses the
+    kernel built. The loss options are the op's params; ``ignore_index`` and ``lse_square_scale``
+    matter to the rows step only, and the grad step receives them as per-row coefficients.
+    """
+
+    dtype: torch.dtype
+    vocab: int
+    target_dtype: torch.dtype
+    aligned: bool
+    ignore_index: int
+    label_smoothing: float
+    lse_square_scale: float
+    softcap: float | None
+
+
+class CrossEntropyRowsInterface(KernelInterface):
+    call_spec = CrossEntropyCall
+
+    @abc.abstractmethod
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, lse)`` for contiguous (N, V) ``logits`` and (N,) ``targets``, two new (N,)
+        float32 tensors (float64 for float64 logits).
+
+        With z = softcap * tanh(logits / softcap) (z = logits without softcap) and
+        lse = logsumexp(z) per row, a row whose target t is not ignore_index has
+        loss = lse - (1 - label_smoothing) * z[t] - label_smoothing / V * sum(z)
+        + lse_square_scale * lse**2, and 0 where it is ignored. lse is given for every row.
+        """
+
+
+class CrossEntropyGradInterface(KernelInterface):
+    call_spec = CrossEntropyCall
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        lse: torch.Tensor,
+        softmax_scale: torch.Tensor,
+        target_scale: torch.Tensor,
+        dlogits: torch.Tensor,
+    ) -> torch.Tensor:
+        """Write the gradient of the logits into ``dlogits`` and return it.
+
+        For contiguous (N, V) ``logits`` and ``dlogits`` (of the logits' dtype; ``dlogits`` may be
+        ``logits`` itself: each element is read before it is written), (N,) ``targets``, and (N,)
+        float32 ``lse``, ``softmax_scale`` (a) and ``target_scale`` (b):
+        dlogits[r, j] = (a[r] * exp(z[r, j] - lse[r]) - b[r] * ((1 - label_smoothing) * (j == t[r])
+        + label_smoothing / V)) * dz/dlogits[r, j], z and dz/dlogits as soft-capping makes them
+        (1 without softcap). The op folds the reduction, the incoming gradients, z-loss and the
+        ignored rows (b = 0) into a and b, so this step needs neither ignore_index nor
+        lse_square_scale.
+        """

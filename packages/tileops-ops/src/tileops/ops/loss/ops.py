@@ -1,0 +1,231 @@
+"""The loss family's cross-entropy ops: the reduced loss (``CrossEntropyFwdOp``), every row's loss
+(``CrossEntropyPerRowFwdOp``) and their backward ops.
+
+A forward checks the targets (``check_targets``), runs the rows step (each row's loss and lse in
+one pass over the logits) and reduces the rows itself; it saves nothing, since its backward reads
+the forward's lse output. A backward folds the incoming gradients, the reduction, z-loss and the
+ignored rows into two per-row coefficients and runs the grad step, one more pass over the logits
+writing the gradient once.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import torch
+
+from tileops.core import Op, OpArgumentError
+
+from .cpu import IMPLEMENTATIONS, capped, compute_dtype
+from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
+
+_ALIGNMENT = 16  # bytes; the vectorised kernels move 16 bytes per access
+MANIFEST = files("tileops.ops") / "manifest" / "loss.yaml"
+
+
+def aligned(vocab: int, *tensors) -> bool:
+    """Whether every tensor's data pointer is 16-byte aligned and a row of ``vocab`` elements is
+    a whole number of 16-byte accesses (tensors, or descriptions of them for ``call_specs``)."""
+    address = 0
+    for tensor in tensors:
+        address |= tensor.data_ptr()
+    return not address % _ALIGNMENT and not (vocab * tensors[0].dtype.itemsize) % _ALIGNMENT
+
+
+def check_targets(op_name: str, targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """Refuse a target that is neither ``ignore_index`` nor in [0, vocab), naming the op, the
+    argument, the first bad value and the range.
+
+    The check is one reduction and one read back to the host (a synchronisation). While a CUDA
+    graph is being captured no read back is allowed, so the check is skipped there; the kernels
+    then read nothing out of bounds for such a target and give its row a NaN loss.
+    """
+    if targets.numel() == 0 or (targets.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    bad = ((targets < 0) | (targets >= vocab)) & (targets != ignore_index)
+    if not bool(bad.any()):
+        return
+    row = int(bad.nonzero()[0, 0])
+    raise OpArgumentError(
+        f"{op_name}: argument 'targets' holds {int(targets[row])} at row {row}; expected a class in [0, {vocab}) "
+        f"(V = {vocab}) or ignore_index ({ignore_index})"
+    )
+
+
+class _LossOp(Op):
+    """What the cross-entropy ops share: the call spec, the kernels of both steps, the checks."""
+
+    manifest_file = MANIFEST
+    kernel_interfaces = (CrossEntropyRowsInterface, CrossEntropyGradInterface)
+    in_tree_kernels = IMPLEMENTATIONS
+    # The TileLang kernels, key -> class per interface, imported when an op is first built.
+    kernel_tables = ("tileops.kernels.cuda.loss:KERNELS",)
+
+    def call_spec(self, interface, device, dtype, vocab, target_dtype, is_aligned):
+        """The call spec of ``kernel_for(interface, device, dtype, vocab, target_dtype, aligned)``:
+        the loss options are the instance's params."""
+        p = self.params
+        return interface.call_spec(
+            device, dtype, vocab, target_dtype, is_aligned,
+            p.get("ignore_index", -100), p.get("label_smoothing", 0.0), p.get("lse_square_scale", 0.0), p.get("softcap"),
+        )
+
+    def call_specs(self, device, inputs):
+        """The call specs a call with ``inputs`` (descriptions) gets, built as ``forward`` builds them."""
+        logits, targets = inputs["logits"], inputs["targets"]
+        vocab = logits.shape[-1]
+        fields = (device, logits.dtype, vocab, targets.dtype, aligned(vocab, logits))
+        return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
+
+    def rows(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's loss and lse (``CrossEntropyRowsInterface``), the targets checked first."""
+        vocab = logits.shape[-1]
+        check_targets(type(self).__name__, targets, vocab, self.params["ignore_index"])
+        if logits.shape[0] == 0:
+            empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
+            return empty, empty.clone()
+        kernel = self.kernel_for(
+            CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, targets.dtype, aligned(vocab, logits)
+        )
+        return kernel.forward(logits, targets)
+
+    def gradient(self, logits, targets, lse, softmax_scale, target_scale, dlogits) -> torch.Tensor:
+        """The grad step (``CrossEntropyGradInterface``) into ``dlogits``."""
+        if logits.shape[0] == 0:
+            return dlogits
+        vocab = logits.shape[-1]
+        kernel = self.kernel_for(
+            CrossEntropyGradInterface, logits.device, logits.dtype, vocab, targets.dtype, aligned(vocab, logits, dlogits)
+        )
+        return kernel.forward(logits, targets, lse, softmax_scale, target_scale, dlogits)
+
+    def coefficients(self, row_gradient, dlse, targets, lse) -> tuple[torch.Tensor, torch.Tensor]:
+        """(softmax_scale, target_scale) of the grad step: ``row_gradient`` (each row's loss
+        gradient, a tensor of one element or N) zeroed on ignored rows, then z-loss's factor and
+        lse's own gradient on the softmax term."""
+        keep = targets != self.params["ignore_index"]
+        target_scale = torch.where(keep, row_gradient.to(lse.dtype), 0.0)
+        scale = self.params["lse_square_scale"]
+        softmax_scale = target_scale * (1.0 + 2.0 * scale * lse) if scale else target_scale
+        if dlse is not None:
+            softmax_scale = softmax_scale + dlse.to(lse.dtype)
+        return softmax_scale, target_scale
+
+    def wide_lse(self, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+        """The lse the grad step reads: the forward's float32 output, or for float64 logits lse
+        computed again in float64 (the lse output is float32 by its signature, and float64 is
+        there for gradcheck, whose finite differences a float32 lse would swamp)."""
+        if logits.dtype == torch.float64:
+            return torch.logsumexp(capped(logits, self.params["softcap"]), -1)
+        return lse.float()
+
+    def forward_saving(self, *inputs, **outs):
+        # Nothing to save: the backward reads the forward's lse output and its inputs.
+        return self.forward(*inputs, **outs), ()
+
+
+def reduce_rows(rows: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    """The rows' losses summed, or averaged over the rows not ignored (0 / 0 = nan where every
+    row is ignored, as torch gives)."""
+    total = rows.sum()
+    if reduction == "sum":
+        return total
+    return total / (targets != ignore_index).sum()
+
+
+class CrossEntropyFwdOp(_LossOp):
+    """``torch.nn.functional.cross_entropy`` (reduction mean or sum) with z-loss and soft-capping:
+    ``op(logits, targets) -> (loss, lse)``."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        lse_square_scale: float = 0.0,
+        softcap: float | None = None,
+        *,
+        target: str | None = None,
+    ) -> None:
+        super().__init__(
+            ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+            lse_square_scale=lse_square_scale, softcap=softcap, target=target,
+        )
+
+    def forward(self, logits, targets):
+        rows, lse = self.rows(logits, targets)
+        loss = reduce_rows(rows, targets, self.params["ignore_index"], self.params["reduction"])
+        return loss.to(logits.dtype), lse.float()
+
+
+class CrossEntropyBwdOp(_LossOp):
+    """Gradient of ``CrossEntropyFwdOp``: ``op(dloss, dlse, logits, targets, lse) -> dlogits``."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        lse_square_scale: float = 0.0,
+        softcap: float | None = None,
+        *,
+        target: str | None = None,
+    ) -> None:
+        super().__init__(
+            ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+            lse_square_scale=lse_square_scale, softcap=softcap, target=target,
+        )
+
+    def forward(self, dloss, dlse, logits, targets, lse):
+        lse = self.wide_lse(logits, lse)
+        row_gradient = dloss.to(lse.dtype)
+        if self.params["reduction"] == "mean":
+            row_gradient = row_gradient / (targets != self.params["ignore_index"]).sum()
+        softmax_scale, target_scale = self.coefficients(row_gradient, dlse, targets, lse)
+        return self.gradient(logits, targets, lse, softmax_scale, target_scale, torch.empty_like(logits))
+
+
+class CrossEntropyPerRowFwdOp(_LossOp):
+    """``torch.nn.functional.cross_entropy(..., reduction='none')`` with z-loss and soft-capping:
+    ``op(logits, targets) -> (loss, lse)``, one loss per row."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        lse_square_scale: float = 0.0,
+        softcap: float | None = None,
+        *,
+        target: str | None = None,
+    ) -> None:
+        super().__init__(
+            ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+            softcap=softcap, target=target,
+        )
+
+    def forward(self, logits, targets):
+        rows, lse = self.rows(logits, targets)
+        return rows.to(logits.dtype), lse.float()
+
+
+class CrossEntropyPerRowBwdOp(_LossOp):
+    """Gradient of ``CrossEntropyPerRowFwdOp``: ``op(dloss, dlse, logits, targets, lse) -> dlogits``."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        lse_square_scale: float = 0.0,
+        softcap: float | None = None,
+        *,
+        target: str | None = None,
+    ) -> None:
+        super().__init__(
+            ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+            softcap=softcap, target=target,
+        )
+
+    def forward(self, dloss, dlse, logits, targets, lse):
+        lse = self.wide_lse(logits, lse)
+        softmax_scale, target_scale = self.coefficients(dloss.to(lse.dtype), dlse, targets, lse)
+        return self.gradient(logits, targets, lse, softmax_scale, target_scale, torch.empty_like(logits))

@@ -1,0 +1,203 @@
+"""The loss family on the CPU: every small manifest workload against the reference, the ops against
+torch.nn.functional.cross_entropy for every option and reduction, gradients (gradcheck in float64,
+and against torch's autograd), a compiled training step, and bad calls."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tileops.backend import OpArgumentError
+from tileops.ops import FAMILIES, CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyPerRowFwdOp
+from tileops.testing import check_workload, workload_cases
+
+#: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
+CPU_ELEMENTS = 1 << 21
+
+CASES = [case for case in workload_cases(FAMILIES["loss"]) if case.elements <= CPU_ELEMENTS]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_small_workload_matches_the_reference_on_cpu(case):
+    op = case.op_class(**case.workload.params)
+    check_workload(op, case.workload, case.dtype, "cpu")
+
+
+def _torch_loss(logits, targets, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", lse_square_scale=0.0, softcap=None):
+    """The loss as a torch user writes it: F.cross_entropy plus PaLM's z-loss, soft-capped first."""
+    z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+    loss = F.cross_entropy(z, targets, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    keep = targets != ignore_index
+    z_loss = lse_square_scale * torch.logsumexp(z, -1).square() * keep
+    if reduction == "none":
+        return loss + z_loss
+    return loss + z_loss.sum() / (keep.sum().clamp(min=1) if reduction == "mean" else 1)
+
+
+def _logits_and_targets(rows=9, vocab=37, dtype=torch.float64, ignore_index=-100, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, vocab, generator=generator, dtype=torch.float64) * 3).to(dtype)
+    targets = torch.randint(0, vocab, (rows,), generator=generator)
+    targets[::4] = ignore_index
+    return logits, targets
+
+
+OPTIONS = [
+    dict(zip(("label_smoothing", "lse_square_scale", "softcap"), values))
+    for values in itertools.product((0.0, 0.1), (0.0, 1e-2), (None, 5.0))
+]
+OPTION_IDS = [f"ls{o['label_smoothing']}-z{o['lse_square_scale']}-cap{o['softcap']}" for o in OPTIONS]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+def test_loss_and_gradient_match_torch_for_every_option(options, reduction):
+    ignore_index = 5
+    logits, targets = _logits_and_targets(ignore_index=ignore_index)
+    if reduction == "none":
+        op = CrossEntropyPerRowFwdOp(ignore_index=ignore_index, **options)
+    else:
+        op = CrossEntropyFwdOp(ignore_index=ignore_index, reduction=reduction, **options)
+    ours = logits.clone().requires_grad_()
+    theirs = logits.clone().requires_grad_()
+    loss, lse = op(ours, targets)
+    expected = _torch_loss(theirs, targets, ignore_index=ignore_index, reduction=reduction, **options)
+    torch.testing.assert_close(loss, expected, atol=1e-12, rtol=1e-12)
+    z = theirs if options["softcap"] is None else options["softcap"] * torch.tanh(theirs / options["softcap"])
+    torch.testing.assert_close(lse, torch.logsumexp(z, -1).float().detach())
+    incoming = torch.randn_like(loss)
+    (loss * incoming).sum().backward()
+    (expected * incoming).sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_gradcheck_in_float64(reduction):
+    logits, targets = _logits_and_targets(rows=5, vocab=7)
+    options = {"label_smoothing": 0.2, "lse_square_scale": 0.05, "softcap": 4.0}
+    if reduction == "none":
+        op = CrossEntropyPerRowFwdOp(**options)
+    else:
+        op = CrossEntropyFwdOp(reduction=reduction, **options)
+    # The loss output: lse is float32 by its signature, too coarse for finite differences.
+    assert torch.autograd.gradcheck(lambda x: op(x, targets)[0], (logits.requires_grad_(),))
+
+
+def test_the_gradient_of_lse_is_the_softmax():
+    logits, targets = _logits_and_targets(rows=4, vocab=10)
+    x = logits.clone().requires_grad_()
+    _, lse = CrossEntropyFwdOp()(x, targets)
+    dlse = torch.randn(4)
+    lse.backward(dlse)
+    torch.testing.assert_close(x.grad, torch.softmax(logits, -1) * dlse.double()[:, None])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_low_precision_logits_compute_in_float32(dtype):
+    logits, targets = _logits_and_targets(rows=16, vocab=1001, dtype=dtype)
+    x = logits.clone().requires_grad_()
+    loss, lse = CrossEntropyFwdOp(label_smoothing=0.1)(x, targets)
+    assert loss.dtype == dtype and lse.dtype == torch.float32
+    reference = logits.double().requires_grad_()
+    expected = F.cross_entropy(reference, targets, label_smoothing=0.1)
+    expected.backward()
+    torch.testing.assert_close(loss.double(), expected.detach().to(dtype).double(), atol=0, rtol=0)
+    loss.backward()
+    assert x.grad.dtype == dtype
+    torch.testing.assert_close(x.grad.double(), reference.grad.to(dtype).double(), atol=1e-6, rtol=1e-2)
+
+
+def test_int32_targets_give_what_int64_targets_give():
+    logits, targets = _logits_and_targets()
+    op = CrossEntropyFwdOp(label_smoothing=0.1)
+    torch.testing.assert_close(op(logits, targets.int()), op(logits, targets))
+
+
+def test_every_row_ignored_gives_torch_results():
+    """The mean over no row is 0 / 0 = nan and the sum is 0, as torch gives; the gradient is 0."""
+    logits, _ = _logits_and_targets(rows=3)
+    targets = torch.full((3,), -100)
+    for reduction in ("mean", "sum"):
+        x = logits.clone().requires_grad_()
+        loss, _ = CrossEntropyFwdOp(reduction=reduction, lse_square_scale=1e-2)(x, targets)
+        expected = F.cross_entropy(logits, targets, reduction=reduction)
+        torch.testing.assert_close(loss, expected, equal_nan=True)
+        loss.backward()
+        assert torch.equal(x.grad, torch.zeros_like(logits))
+
+
+def test_edge_shapes():
+    one_class = torch.randn(4, 1, dtype=torch.float64)
+    zeros = torch.zeros(4, dtype=torch.long)
+    torch.testing.assert_close(CrossEntropyFwdOp()(one_class, zeros)[0], F.cross_entropy(one_class, zeros))
+    one_row, target = torch.randn(1, 33, dtype=torch.float64), torch.tensor([32])
+    torch.testing.assert_close(CrossEntropyPerRowFwdOp()(one_row, target)[0], F.cross_entropy(one_row, target, reduction="none"))
+    no_rows = torch.empty(0, 33)
+    loss, lse = CrossEntropyFwdOp()(no_rows, torch.empty(0, dtype=torch.long))
+    assert loss.isnan() and lse.shape == (0,)
+
+
+def test_the_backward_op_alone():
+    logits, targets = _logits_and_targets(rows=6, vocab=20)
+    op = CrossEntropyBwdOp(reduction="sum", lse_square_scale=0.1)
+    lse = torch.logsumexp(logits, -1).float()
+    dloss = torch.tensor(2.0, dtype=torch.float64)
+    x = logits.clone().requires_grad_()
+    _torch_loss(x, targets, reduction="sum", lse_square_scale=0.1).backward(dloss)
+    torch.testing.assert_close(op(dloss, None, logits, targets, lse), x.grad)
+
+
+def test_out_of_range_targets_are_refused_by_name():
+    logits, targets = _logits_and_targets(rows=4, vocab=10, ignore_index=-7)
+    for bad, row in ((10, 2), (-1, 1), (-100, 3)):
+        given = targets.clone()
+        given[row] = bad
+        op = CrossEntropyFwdOp(ignore_index=-7)
+        with pytest.raises(OpArgumentError, match=rf"CrossEntropyFwdOp: argument 'targets' holds {bad} at row {row}; expected a class in \[0, 10\) \(V = 10\) or ignore_index \(-7\)"):
+            op(logits, given)
+
+
+def test_bad_params_and_calls_name_the_op():
+    with pytest.raises(OpArgumentError, match="CrossEntropyFwdOp: reduction must be 'mean' or 'sum'.*CrossEntropyPerRowFwdOp"):
+        CrossEntropyFwdOp(reduction="none")
+    with pytest.raises(OpArgumentError, match="label_smoothing must be in"):
+        CrossEntropyFwdOp(label_smoothing=1.5)
+    with pytest.raises(OpArgumentError, match="softcap must be positive"):
+        CrossEntropyPerRowFwdOp(softcap=0.0)
+    with pytest.raises(OpArgumentError, match="argument 'targets' expected dtype"):
+        CrossEntropyFwdOp()(torch.randn(2, 3), torch.tensor([0.0, 1.0]))
+    with pytest.raises(OpArgumentError, match="argument 'targets' expected shape"):
+        CrossEntropyFwdOp()(torch.randn(2, 3), torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_classifier_trains_as_the_same_classifier_with_torch(compiled):
+    torch.manual_seed(0)
+    ours_head, theirs_head = torch.nn.Linear(16, 50), torch.nn.Linear(16, 50)
+    theirs_head.load_state_dict(ours_head.state_dict())
+    loss_op = CrossEntropyFwdOp(label_smoothing=0.1, lse_square_scale=1e-3, softcap=20.0)
+
+    def ours(h, t):
+        return loss_op(ours_head(h), t)[0]
+
+    def theirs(h, t):
+        return _torch_loss(theirs_head(h), t, label_smoothing=0.1, lse_square_scale=1e-3, softcap=20.0)
+
+    if compiled:
+        ours = torch.compile(ours, fullgraph=True)
+    hidden, targets = torch.randn(32, 16), torch.randint(0, 50, (32,))
+    targets[::5] = -100
+    for head, step in ((ours_head, ours), (theirs_head, theirs)):
+        optimiser = torch.optim.SGD(head.parameters(), lr=0.1)
+        losses = []
+        for _ in range(4):
+            optimiser.zero_grad()
+            loss = step(hidden, targets)
+            loss.backward()
+            optimiser.step()
+            losses.append(loss.item())
+        head.losses = losses
+    torch.testing.assert_close(ours_head.losses, theirs_head.losses, atol=1e-5, rtol=1e-5)
