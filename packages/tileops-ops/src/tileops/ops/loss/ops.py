@@ -74,7 +74,9 @@ class _LossOp(Op):
         """The call specs a call with ``inputs`` (descriptions) gets, built as ``forward`` builds them."""
         logits, targets = inputs["logits"], inputs["targets"]
         vocab = logits.shape[-1]
-        fields = (device, logits.dtype, vocab, targets.dtype, aligned(vocab, logits))
+        # A description may give every input the call's float dtype; targets are int64 then.
+        target_dtype = targets.dtype if targets.dtype in (torch.int64, torch.int32) else torch.int64
+        fields = (device, logits.dtype, vocab, target_dtype, aligned(vocab, logits))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
     def rows(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,6 +139,8 @@ class CrossEntropyFwdOp(_LossOp):
     """``torch.nn.functional.cross_entropy`` (reduction mean or sum) with z-loss and soft-capping:
     ``op(logits, targets) -> (loss, lse)``."""
 
+    kernel_interfaces = (CrossEntropyRowsInterface,)
+
     def __init__(
         self,
         ignore_index: int = -100,
@@ -160,6 +164,8 @@ class CrossEntropyFwdOp(_LossOp):
 
 class CrossEntropyBwdOp(_LossOp):
     """Gradient of ``CrossEntropyFwdOp``: ``op(dloss, dlse, logits, targets, lse) -> dlogits``."""
+
+    kernel_interfaces = (CrossEntropyGradInterface,)
 
     def __init__(
         self,
@@ -189,6 +195,8 @@ class CrossEntropyPerRowFwdOp(_LossOp):
     """``torch.nn.functional.cross_entropy(..., reduction='none')`` with z-loss and soft-capping:
     ``op(logits, targets) -> (loss, lse)``, one loss per row."""
 
+    kernel_interfaces = (CrossEntropyRowsInterface,)
+
     def __init__(
         self,
         ignore_index: int = -100,
@@ -210,6 +218,8 @@ class CrossEntropyPerRowFwdOp(_LossOp):
 
 class CrossEntropyPerRowBwdOp(_LossOp):
     """Gradient of ``CrossEntropyPerRowFwdOp``: ``op(dloss, dlse, logits, targets, lse) -> dlogits``."""
+
+    kernel_interfaces = (CrossEntropyGradInterface,)
 
     def __init__(
         self,

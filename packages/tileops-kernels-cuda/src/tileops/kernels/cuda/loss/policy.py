@@ -1,0 +1,98 @@
+"""The cross-entropy kernels' launch rules, from the hardware facts and the row length.
+
+The rows step is a row reduction that streams each row once. What matters is 16-byte accesses,
+enough of them in flight per SM (each thread loads ``UNROLL`` accesses before folding them in),
+and enough blocks to reach every SM:
+
+- ``threads``: the fewest threads (a power of two, 32 to 512) that take a row's accesses in one
+  unrolled step, so that a short row (V of a few thousand) does not idle most of a wide block,
+  and 512 for long rows (a vocabulary of 32k and more), whose blocks loop over the row;
+- ``splits``: how many blocks share one row. With many rows one block per row fills the GPU;
+  with fewer rows than ``FILL_BLOCKS_PER_SM`` blocks per SM, each row is split into spans so
+  that rows x splits reaches that many blocks, but never into spans shorter than one unrolled
+  step of the block. Since the split count is a compile-time constant, the kernel has one build
+  per row-count tier (``ROW_TIERS``, each serving calls of at most that many rows), the main build
+  (one split) serving the rest.
+
+The grad step is elementwise: 256 threads of 4 accesses each per block, one grid row per logits
+row. These rules were written from the H200's facts (132 SMs, 16-byte accesses) and have not
+been measured yet; ``tuning_candidates`` are what ``request_tune`` times.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from . import programs
+
+#: The dtypes the TileLang kernels take (float64 is served by plain torch).
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The target dtypes they take.
+TARGET_DTYPES = (torch.int64, torch.int32)
+#: Accesses each thread of the rows step loads before it folds them in.
+UNROLL = 4
+MAX_THREADS = 512
+#: Blocks per SM the rows step aims at when rows are few.
+FILL_BLOCKS_PER_SM = 2
+#: Row counts at or below which a split build serves a call.
+ROW_TIERS = (1, 4, 16, 64)
+GRAD = {"threads": 256, "per_thread": 4}
+
+
+def refusal(dtype: torch.dtype, target_dtype: torch.dtype) -> str | None:
+    if dtype not in DTYPES:
+        return f"takes float16, bfloat16 and float32 logits, not {dtype}"
+    if target_dtype not in TARGET_DTYPES:
+        return f"takes int64 and int32 targets, not {target_dtype}"
+    return None
+
+
+def rows_config(dtype: torch.dtype, vocab: int, aligned: bool) -> dict[str, Any]:
+    """The main build of the rows step: one block per row."""
+    vec = programs.vector_width(dtype, aligned)
+    accesses = vocab // vec
+    threads = min(MAX_THREADS, max(32, 1 << (math.ceil(accesses / UNROLL) - 1).bit_length()))
+    return {"vec": vec, "threads": threads, "unroll": UNROLL, "splits": 1}
+
+
+def split_count(config: dict[str, Any], vocab: int, rows: int, sm_count: int) -> int:
+    """How many blocks share each of ``rows`` rows so that the call fills the GPU."""
+    accesses = vocab // config["vec"]
+    per_block = config["threads"] * config["unroll"]
+    wanted = math.ceil(FILL_BLOCKS_PER_SM * sm_count / rows)
+    return max(1, min(wanted, accesses // per_block))
+
+
+def row_tiers(config: dict[str, Any], vocab: int, sm_count: int) -> list[tuple[int, dict[str, Any]]]:
+    """(rows, configuration) of the split builds: the tiers whose split count exceeds one."""
+    tiers = []
+    for rows in ROW_TIERS:
+        splits = split_count(config, vocab, rows, sm_count)
+        if splits > 1:
+            tiers.append((rows, {**config, "splits": splits}))
+    return tiers
+
+
+def rows_candidates(dtype: torch.dtype, vocab: int, aligned: bool) -> list[dict[str, Any]]:
+    """Main-build configurations of the rows step worth timing, the default first."""
+    default = rows_config(dtype, vocab, aligned)
+    shapes = [(default["threads"], UNROLL), (256, UNROLL), (1024, 2), (512, 8)]
+    seen, candidates = set(), []
+    for threads, unroll in shapes:
+        if (threads, unroll) not in seen:
+            seen.add((threads, unroll))
+            candidates.append({**default, "threads": threads, "unroll": unroll})
+    return candidates
+
+
+def grad_config(dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
+    return {"vec": programs.vector_width(dtype, aligned), **GRAD}
+
+
+def grad_candidates(dtype: torch.dtype, aligned: bool) -> list[dict[str, Any]]:
+    vec = programs.vector_width(dtype, aligned)
+    shapes = (GRAD, {"threads": 128, "per_thread": 4}, {"threads": 512, "per_thread": 2}, {"threads": 256, "per_thread": 8})
+    return [{"vec": vec, **shape} for shape in shapes]

@@ -1,0 +1,238 @@
+"""The TileLang programs of the cross-entropy kernels, and their compilation.
+
+Three kinds (``KINDS``), over contiguous (n, V) logits with n symbolic (one compiled program
+serves every row count) and V a compile-time constant:
+
+- ``partial``: each block reduces one span of one row, ``splits`` spans per row (grid splits x
+  n): it streams the span once in accesses of ``vec`` elements (16 bytes where the call is
+  aligned), keeping per thread an online maximum m and sum s of exp(z - m) of the soft-capped
+  logits z in float32, and the sum of z (label smoothing needs it); the block then combines its
+  threads (warp shuffles, one round through shared memory) and writes (m, s, sum z) to
+  partial[row, split]. One split per row when rows are many; several when they are too few to
+  fill the GPU (the launch policy's choice).
+- ``finish``: one thread per row combines the row's spans into lse = m + log(s), reads the
+  target's logit (a guarded read: a target outside [0, V) reads nothing and gives NaN), and
+  writes the row's loss (0 where the target is ignore_index) and lse, float32.
+- ``grad``: elementwise over (n, V), one row per grid row: dlogits = (a * exp(z - lse) - b *
+  ((1 - smoothing) * [j == t] + smoothing / V)) * dz/dx, with a, b, lse per row (float32) and dz/dx
+  = 1 - (z / softcap)**2 under soft-capping; it reads each element before writing it, so dlogits
+  may be the logits themselves.
+
+exp is computed as exp2 of a pre-scaled argument (one multiply-add and the hardware's exp2).
+Importing this module does not import tilelang; building a program does.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
+
+import math
+
+import torch
+
+from ..compile import compile_once
+
+_TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_TL_INDEX = {torch.int64: "int64", torch.int32: "int32"}
+KINDS = ("partial", "finish", "grad")
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+def vector_width(dtype: torch.dtype, aligned: bool) -> int:
+    """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
+    return 16 // dtype.itemsize if aligned else 1
+
+
+def _capper(softcap):
+    """z from a float32 logit: soft-capped where ``softcap`` is given."""
+    import tilelang.language as T
+
+    if softcap is None:
+        return lambda x: x
+    return lambda x: softcap * T.tanh(x * (1.0 / softcap))
+
+
+def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits):
+    """The ``partial`` program (see the module) for one dtype, V, soft-cap and configuration:
+    each thread loads ``unroll`` accesses before it folds them in, so that that many 16-byte
+    loads per thread are in flight."""
+    import tilelang.language as T
+
+    dt, f32 = _TL_DTYPES[dtype], "float32"
+    if vocab % vec or threads % 32:
+        raise ValueError(f"bad configuration vec={vec} threads={threads} for V={vocab}")
+    n = T.dynamic("n")
+    accesses = vocab // vec
+    span = math.ceil(accesses / splits)  # accesses per split
+    steps = math.ceil(span / (threads * unroll))
+    warps = threads // 32
+    width = unroll * vec
+    cap = _capper(softcap)
+    lanes = T.vectorized if vec > 1 else T.serial
+
+    @T.prim_func
+    def main(logits: T.Tensor((n, vocab), dt), partial: T.Tensor((n, splits, 3), f32)):
+        with T.Kernel(splits, n, threads=threads) as (split, row):
+            tx = T.get_thread_binding()
+            buf = T.alloc_local((width,), dt)
+            z = T.alloc_local((width,), f32)
+            m = T.alloc_local((1,), f32)
+            s = T.alloc_local((1,), f32)
+            sz = T.alloc_local((1,), f32)
+            top = T.alloc_local((1,), f32)
+            red = T.alloc_shared((3, warps), f32)
+            m[0] = -T.infinity(f32)
+            s[0] = 0.0
+            sz[0] = 0.0
+            end = T.min((split + 1) * span, accesses)
+            for step in T.serial(steps):
+                for u in T.unroll(unroll):
+                    access = split * span + (step * unroll + u) * threads + tx
+                    if access < end:
+                        for k in lanes(vec):
+                            buf[u * vec + k] = logits[row, access * vec + k]
+                top[0] = m[0]
+                for u in T.unroll(unroll):
+                    access = split * span + (step * unroll + u) * threads + tx
+                    for k in T.unroll(vec):
+                        # An access past the span counts as -inf: it adds nothing below.
+                        z[u * vec + k] = T.if_then_else(access < end, cap(T.cast(buf[u * vec + k], f32)), -T.infinity(f32))
+                        top[0] = T.max(top[0], z[u * vec + k])
+                # Rescale the running sum to the new maximum (a thread that has seen only -inf keeps 0).
+                s[0] = T.if_then_else(top[0] == -T.infinity(f32), 0.0, s[0] * T.exp2((m[0] - top[0]) * _LOG2E))
+                for i in T.unroll(width):
+                    # -inf (a lane past the span) adds 0, also while top is still -inf.
+                    s[0] = s[0] + T.if_then_else(z[i] == -T.infinity(f32), 0.0, T.exp2((z[i] - top[0]) * _LOG2E))
+                    # The sum of z, which label smoothing reads (one add, cheaper than a second build).
+                    sz[0] = sz[0] + T.if_then_else(z[i] == -T.infinity(f32), 0.0, z[i])
+                m[0] = top[0]
+            # The block's maximum, then every thread's sum rescaled to it and summed.
+            top[0] = T.warp_reduce_max(m[0])
+            if tx % 32 == 0:
+                red[0, tx // 32] = top[0]
+            T.sync_threads()
+            top[0] = red[0, 0]
+            for w in T.serial(warps - 1):
+                top[0] = T.max(top[0], red[0, w + 1])
+            s[0] = T.if_then_else(m[0] == -T.infinity(f32), 0.0, s[0] * T.exp2((m[0] - top[0]) * _LOG2E))
+            s[0] = T.warp_reduce_sum(s[0])
+            sz[0] = T.warp_reduce_sum(sz[0])
+            if tx % 32 == 0:
+                red[1, tx // 32] = s[0]
+                red[2, tx // 32] = sz[0]
+            T.sync_threads()
+            if tx == 0:
+                for w in T.serial(warps - 1):
+                    s[0] = s[0] + red[1, w + 1]
+                    sz[0] = sz[0] + red[2, w + 1]
+                partial[row, split, 0] = top[0]
+                partial[row, split, 1] = s[0]
+                partial[row, split, 2] = sz[0]
+
+    return main
+
+
+def make_finish(dtype, vocab, target_dtype, softcap, *, splits, ignore_index, smoothing, z_scale, threads=128):
+    """The ``finish`` program (see the module): each row's loss and lse from its partials."""
+    import tilelang.language as T
+
+    dt, f32, it = _TL_DTYPES[dtype], "float32", _TL_INDEX[target_dtype]
+    n = T.dynamic("n")
+    cap = _capper(softcap)
+
+    @T.prim_func
+    def main(
+        logits: T.Tensor((n, vocab), dt), targets: T.Tensor((n,), it), partial: T.Tensor((n, splits, 3), f32),
+        loss: T.Tensor((n,), f32), lse: T.Tensor((n,), f32),
+    ):
+        with T.Kernel(T.ceildiv(n, threads), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            row = bx * threads + tx
+            m = T.alloc_local((1,), f32)
+            s = T.alloc_local((1,), f32)
+            sz = T.alloc_local((1,), f32)
+            picked = T.alloc_local((1,), f32)
+            if row < n:
+                m[0] = partial[row, 0, 0]
+                for j in T.serial(splits - 1):
+                    m[0] = T.max(m[0], partial[row, j + 1, 0])
+                s[0] = 0.0
+                sz[0] = 0.0
+                for j in T.serial(splits):
+                    s[0] = s[0] + T.if_then_else(
+                        partial[row, j, 0] == -T.infinity(f32), 0.0, partial[row, j, 1] * T.exp2((partial[row, j, 0] - m[0]) * _LOG2E)
+                    )
+                    sz[0] = sz[0] + partial[row, j, 2]
+                m[0] = m[0] + T.log2(s[0]) * _LN2
+                target = targets[row]
+                inside = target >= 0 and target < vocab
+                # A guarded read: a target outside [0, V) reads row's first logit and is NaN below.
+                picked[0] = cap(T.cast(logits[row, T.if_then_else(inside, target, 0)], f32))
+                s[0] = m[0] - (1.0 - smoothing) * picked[0] - (smoothing / vocab) * sz[0] + z_scale * m[0] * m[0]
+                loss[row] = T.if_then_else(target == ignore_index, 0.0, T.if_then_else(inside, s[0], T.float32(math.nan)))
+                lse[row] = m[0]
+
+    return main
+
+
+def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, smoothing):
+    """The ``grad`` program (see the module) for one dtype, V, soft-cap and configuration."""
+    import tilelang.language as T
+
+    dt, f32, it = _TL_DTYPES[dtype], "float32", _TL_INDEX[target_dtype]
+    if vocab % vec:
+        raise ValueError(f"vec={vec} does not divide V={vocab}")
+    n = T.dynamic("n")
+    accesses = vocab // vec
+    chunk = threads * per_thread  # accesses per block
+    lanes = T.vectorized if vec > 1 else T.serial
+    cap = _capper(softcap)
+    uniform = smoothing / vocab
+
+    @T.prim_func
+    def main(
+        logits: T.Tensor((n, vocab), dt), targets: T.Tensor((n,), it), lse: T.Tensor((n,), f32),
+        softmax_scale: T.Tensor((n,), f32), target_scale: T.Tensor((n,), f32), dlogits: T.Tensor((n, vocab), dt),
+    ):
+        with T.Kernel(T.ceildiv(accesses, chunk), n, threads=threads) as (bx, row):
+            tx = T.get_thread_binding()
+            buf = T.alloc_local((vec,), dt)
+            out = T.alloc_local((vec,), dt)
+            shift = T.alloc_local((1,), f32)
+            a = T.alloc_local((1,), f32)
+            b = T.alloc_local((1,), f32)
+            z = T.alloc_local((1,), f32)
+            g = T.alloc_local((1,), f32)
+            shift[0] = lse[row] * _LOG2E
+            a[0] = softmax_scale[row]
+            b[0] = target_scale[row]
+            target = targets[row]
+            for step in T.unroll(per_thread):
+                access = (bx * per_thread + step) * threads + tx
+                if access < accesses:
+                    for k in lanes(vec):
+                        buf[k] = logits[row, access * vec + k]
+                    for k in T.unroll(vec):
+                        z[0] = cap(T.cast(buf[k], f32))
+                        g[0] = a[0] * T.exp2(z[0] * _LOG2E - shift[0]) - b[0] * uniform
+                        g[0] = g[0] - T.if_then_else(access * vec + k == target, b[0] * (1.0 - smoothing), 0.0)
+                        if softcap is not None:
+                            g[0] = g[0] * (1.0 - z[0] * z[0] * (1.0 / (softcap * softcap)))
+                        out[k] = T.cast(g[0], dt)
+                    for k in lanes(vec):
+                        dlogits[row, access * vec + k] = out[k]
+
+    return main
+
+
+def compile_program(kind, dtype, vocab, target_dtype, softcap, target, **config):
+    """The compiled program of ``kind`` for one call spec's facts and configuration, once per
+    process (and on disk)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+    identity = ("loss", kind, dtype, vocab, target_dtype, softcap, tuple(sorted(config.items())))
+    makers = {
+        "partial": lambda: make_partial(dtype, vocab, softcap, **config),
+        "finish": lambda: make_finish(dtype, vocab, target_dtype, softcap, **config),
+        "grad": lambda: make_grad(dtype, vocab, target_dtype, softcap, **config),
+    }
+    return compile_once(identity, makers[kind], target)

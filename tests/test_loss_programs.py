@@ -1,0 +1,128 @@
+"""The cross-entropy kernels: their launch rules, the kernel classes on CPU tensors (compilation
+and the GPU replaced), and the compile tier (one representative build per program kind, compiled
+for sm_90 in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import run_python
+from tileops.core import DeviceFacts
+from tileops.kernels.cuda import loss as kernels
+from tileops.kernels.cuda.loss import KERNELS, policy, programs
+from tileops.ops.loss import CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyGradInterface, CrossEntropyRowsInterface
+
+CUDA = torch.device("cuda", 0)
+
+
+def test_the_rows_step_sizes_its_block_to_the_row_and_splits_few_rows():
+    # Long rows: 512 threads that loop; a short row: the fewest threads that take it in one step.
+    assert policy.rows_config(torch.bfloat16, 128256, True) == {"vec": 8, "threads": 512, "unroll": 4, "splits": 1}
+    assert policy.rows_config(torch.float32, 1000, True)["threads"] == 64  # 250 accesses, 4 per thread
+    assert policy.rows_config(torch.bfloat16, 1001, False)["vec"] == 1
+    config = policy.rows_config(torch.bfloat16, 256000, True)
+    # One row of 32000 accesses: 2 blocks per SM on 132 SMs, each span at least one 512 x 4 step.
+    assert policy.split_count(config, 256000, 1, 132) == 15
+    assert policy.split_count(config, 32000, 1, 132) == 1  # 4000 accesses: one step's worth
+    assert [(rows, tier["splits"]) for rows, tier in policy.row_tiers(config, 256000, 132)] == [(1, 15), (4, 15), (16, 15), (64, 5)]
+    assert policy.refusal(torch.float64, torch.int64) and policy.refusal(torch.bfloat16, torch.int16)
+    assert policy.refusal(torch.bfloat16, torch.int32) is None
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Kernels built for cuda:0 with their programs and device facts replaced, so that the
+    production forward runs on CPU tensors; the list of (config, tensors) launched."""
+    from tileops.kernels.cuda import fast_launch
+    from tileops.kernels.cuda import kernel as kernel_module
+
+    launched = []
+
+    def compiled(self, config, rank):
+        return lambda *tensors: launched.append((config, tensors))
+
+    monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
+    monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
+    monkeypatch.setattr(kernels, "current_device_index", lambda: 0)
+    monkeypatch.setattr(fast_launch, "launcher", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))
+    monkeypatch.setattr(kernel_module.TileLangKernel, "_launch_function", compiled)
+    monkeypatch.setattr(kernels.CrossEntropyRowsKernel, "_launch_function", compiled)
+    return launched
+
+
+def test_the_rows_kernel_allocates_float32_rows_and_takes_a_split_build_for_few_rows(launches):
+    op = CrossEntropyFwdOp(label_smoothing=0.1)
+    kernel = KERNELS[CrossEntropyRowsInterface]["tilelang"](
+        op.call_spec(CrossEntropyRowsInterface, CUDA, torch.bfloat16, 256000, torch.int64, True)
+    )
+    logits, targets = torch.zeros(2, 256000, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.long)
+    loss, lse = kernel.forward(logits, targets)
+    config, tensors = launches[-1]
+    assert tensors[:2] == (logits, targets) and tensors[2] is loss and tensors[3] is lse
+    assert loss.shape == lse.shape == (2,) and loss.dtype == lse.dtype == torch.float32
+    assert config["splits"] == 15  # two rows: the rows<=4 build
+    kernel.forward(torch.zeros(65, 256000, dtype=torch.bfloat16), torch.zeros(65, dtype=torch.long))
+    assert launches[-1][0]["splits"] == 1
+
+
+def test_the_grad_kernel_writes_the_tensor_it_is_given(launches):
+    op = CrossEntropyBwdOp(softcap=30.0)
+    kernel = KERNELS[CrossEntropyGradInterface]["tilelang_grad"](
+        op.call_spec(CrossEntropyGradInterface, CUDA, torch.bfloat16, 1000, torch.int32, False)
+    )
+    logits = torch.zeros(3, 1000, dtype=torch.bfloat16)
+    rows = [torch.zeros(3, dtype=torch.int32)] + [torch.zeros(3) for _ in range(3)]
+    assert kernel.forward(logits, *rows, logits) is logits  # in place: dlogits is the logits
+    config, tensors = launches[-1]
+    assert tensors[0] is logits and tensors[-1] is logits and config == {"vec": 1, **policy.GRAD}
+
+
+def test_a_program_of_every_kind_is_built_without_compiling():
+    pytest.importorskip("tilelang")
+    for vec, softcap in ((1, None), (8, 30.0)):
+        programs.make_partial(torch.bfloat16, 1024, softcap, vec=vec, threads=64, unroll=2, splits=3)
+        programs.make_finish(torch.bfloat16, 1024, torch.int32, softcap, splits=3, ignore_index=-100, smoothing=0.1, z_scale=1e-4)
+        programs.make_grad(torch.bfloat16, 1024, torch.int64, softcap, vec=vec, threads=128, per_thread=2, smoothing=0.0)
+    with pytest.raises(ValueError, match="bad configuration"):
+        programs.make_partial(torch.bfloat16, 1001, None, vec=8, threads=64, unroll=2, splits=1)
+    with pytest.raises(ValueError, match="unknown kind"):
+        programs.compile_program("softmax", torch.bfloat16, 8, torch.int64, None, {})
+
+
+# -- the compile tier ---------------------------------------------------------------------------
+
+COMPILE = """
+import torch
+from tileops.kernels.cuda.loss import policy, programs
+target = {"kind": "cuda", "arch": "sm_90"}
+rows = policy.rows_config(torch.bfloat16, 128256, True)
+# One build per kind: 16-byte and scalar accesses, soft-capping, a split row, both target dtypes.
+for kind, dtype, vocab, target_dtype, softcap, config in [
+    ("partial", torch.bfloat16, 128256, torch.int64, None, {**rows, "splits": 4}),
+    ("finish", torch.float16, 1001, torch.int32, 30.0, {"splits": 4, "ignore_index": -100, "smoothing": 0.1, "z_scale": 1e-4}),
+    ("grad", torch.bfloat16, 256000, torch.int64, 30.0, {**policy.grad_config(torch.bfloat16, True), "smoothing": 0.1}),
+    ("grad", torch.float32, 1001, torch.int32, None, {**policy.grad_config(torch.float32, False), "smoothing": 0.0}),
+]:
+    kernel = programs.compile_program(kind, dtype, vocab, target_dtype, softcap, target, **config)
+    source = kernel.get_kernel_source()
+    body = source[source.index("__launch_bounds__"):]
+    accesses = (body.count("(uint4*)") + body.count("(float4*)")) // 2  # each access casts both sides
+    print(kind, accesses, "tanhf" in body, "exp2f" in body, "CUDART_NAN_F" in body)
+"""
+
+
+@pytest.mark.compile
+def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligned(tmp_path):
+    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line.split()[0] in programs.KINDS]
+    # kind, 16-byte accesses in the source (an unrolled loop shows one), tanh (soft-capping), exp2, NaN for a target out of range
+    assert lines == [
+        ["partial", "1", "False", "True", "False"],
+        ["finish", "0", "True", "True", "True"],
+        ["grad", "2", "True", "True", "False"],
+        ["grad", "0", "False", "True", "False"],
+    ], result.stdout[-3000:]
