@@ -201,3 +201,45 @@ def test_a_classifier_trains_as_the_same_classifier_with_torch(compiled):
             losses.append(loss.item())
         head.losses = losses
     torch.testing.assert_close(ours_head.losses, theirs_head.losses, atol=1e-5, rtol=1e-5)
+
+
+# -- the fused linear cross-entropy ------------------------------------------------------------
+
+
+def test_linear_cross_entropy_chunks_rows_by_the_memory_of_the_hidden_states():
+    from tileops.ops.loss.linear import chunk_rows
+
+    assert chunk_rows(4096, 4096, 128256) == 131  # 131 x 128256 logits <= 4096 x 4096 hidden
+    assert chunk_rows(3, 8, 1000) == 1 and chunk_rows(10, 100, 50) == 10
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_linear_cross_entropy_gradcheck_over_several_chunks(with_bias):
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 16, generator=generator, dtype=torch.float64).requires_grad_()  # 4 chunks of 12 rows
+    weight = torch.randn(50, 16, generator=generator, dtype=torch.float64).requires_grad_()
+    bias = torch.randn(50, generator=generator, dtype=torch.float64).requires_grad_() if with_bias else None
+    targets = torch.randint(0, 50, (37,), generator=generator)
+    targets[::5] = -100
+    op = LinearCrossEntropyFwdOp(label_smoothing=0.1, lse_square_scale=0.01, softcap=5.0)
+    inputs = (hidden, weight, bias) if with_bias else (hidden, weight)
+    assert torch.autograd.gradcheck(lambda h, w, *b: op(h, w, b[0] if b else None, targets), inputs)
+
+
+def test_linear_cross_entropy_matches_the_logits_path_and_its_backward_op_alone():
+    from tileops.ops import LinearCrossEntropyBwdOp, LinearCrossEntropyFwdOp
+
+    hidden, weight = torch.randn(20, 8, dtype=torch.float64), torch.randn(30, 8, dtype=torch.float64)
+    targets = torch.randint(0, 30, (20,))
+    fused = LinearCrossEntropyFwdOp(reduction="sum")(hidden, weight, None, targets)
+    torch.testing.assert_close(fused, CrossEntropyFwdOp(reduction="sum")(hidden @ weight.T, targets)[0])
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    F.cross_entropy(h @ w.T, targets, reduction="sum").backward(torch.tensor(3.0, dtype=torch.float64))
+    dhidden, dweight, dbias = LinearCrossEntropyBwdOp(reduction="sum")(
+        torch.tensor(3.0, dtype=torch.float64), hidden, weight, None, targets
+    )
+    torch.testing.assert_close(dhidden, h.grad)
+    torch.testing.assert_close(dweight, w.grad)
+    assert dbias.shape == (30,)

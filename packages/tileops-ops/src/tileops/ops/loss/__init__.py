@@ -6,9 +6,17 @@ show them; ``command_line`` holds the peer libraries ``tileops bench`` times bes
 """
 
 from .interfaces import CrossEntropyCall, CrossEntropyGradInterface, CrossEntropyRowsInterface
+from .linear import LinearCrossEntropyBwdOp, LinearCrossEntropyFwdOp
 from .ops import CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyPerRowBwdOp, CrossEntropyPerRowFwdOp
 
-OPS = (CrossEntropyFwdOp, CrossEntropyPerRowFwdOp, CrossEntropyBwdOp, CrossEntropyPerRowBwdOp)
+OPS = (
+    CrossEntropyFwdOp,
+    CrossEntropyPerRowFwdOp,
+    LinearCrossEntropyFwdOp,
+    CrossEntropyBwdOp,
+    CrossEntropyPerRowBwdOp,
+    LinearCrossEntropyBwdOp,
+)
 
 __all__ = [
     "OPS",
@@ -19,4 +27,6 @@ __all__ = [
     "CrossEntropyPerRowBwdOp",
     "CrossEntropyPerRowFwdOp",
     "CrossEntropyRowsInterface",
+    "LinearCrossEntropyBwdOp",
+    "LinearCrossEntropyFwdOp",
 ]
