@@ -1,0 +1,189 @@
+"""GPU tier: the loss family's TileLang kernels on CUDA, against the float64 reference and torch.
+
+They need a CUDA GPU (``pytest -m gpu``); elsewhere they skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tileops.backend import OpArgumentError
+from tileops.ops import (
+    FAMILIES,
+    CrossEntropyFwdOp,
+    CrossEntropyPerRowFwdOp,
+    LinearCrossEntropyFwdOp,
+)
+from tileops.testing import check_workload, workload_cases
+
+pytestmark = pytest.mark.gpu
+
+CASES = list(workload_cases(FAMILIES["loss"]))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_workload_matches_the_reference_on_cuda(case):
+    op = case.op_class(**case.workload.params)
+    check_workload(op, case.workload, case.dtype, "cuda")
+    assert op.target == "builtin"
+    keys = {key for key, _ in op.built_kernels()}
+    if case.dtype == torch.float64:
+        assert keys <= {"torch_float64", "torch_float64_grad"}, keys
+    else:
+        assert keys and keys <= {"tilelang", "tilelang_grad"}, keys
+
+
+def _torch_loss(logits, targets, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", lse_square_scale=0.0, softcap=None):
+    z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+    loss = F.cross_entropy(z, targets, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    keep = targets != ignore_index
+    z_loss = lse_square_scale * torch.logsumexp(z, -1).square() * keep
+    if reduction == "none":
+        return loss + z_loss
+    return loss + z_loss.sum() / (keep.sum().clamp(min=1) if reduction == "mean" else 1)
+
+
+def _case(rows, vocab, dtype, seed=0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    logits = (torch.randn(rows, vocab, generator=generator, device="cuda") * 4).to(dtype)
+    targets = torch.randint(0, vocab, (rows,), generator=generator, device="cuda")
+    targets[3::7] = -100
+    return logits, targets
+
+
+SHAPES = [(1, 32000), (3, 256000), (64, 151936), (300, 128256), (517, 1001), (9, 1), (2048, 32768)]
+OPTIONS = [
+    {},
+    {"label_smoothing": 0.1},
+    {"lse_square_scale": 1e-4, "softcap": 30.0},
+    {"label_smoothing": 0.05, "lse_square_scale": 1e-3, "softcap": 15.0},
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize(("rows", "vocab"), SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_loss_and_gradient_match_torch_in_float64(rows, vocab, dtype, options):
+    """Every row length (V = 1, not a multiple of 8, 256k), split and unsplit rows, every option."""
+    logits, targets = _case(rows, vocab, dtype)
+    for reduction in ("mean", "sum", "none"):
+        op = CrossEntropyPerRowFwdOp(**options) if reduction == "none" else CrossEntropyFwdOp(reduction=reduction, **options)
+        x = logits.clone().requires_grad_()
+        loss, lse = op(x, targets)
+        reference = logits.double().requires_grad_()
+        expected = _torch_loss(reference, targets, reduction=reduction, **options)
+        z = reference if options.get("softcap") is None else options["softcap"] * torch.tanh(reference / options["softcap"])
+        torch.testing.assert_close(lse, torch.logsumexp(z, -1).float().detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss.double(), expected.detach(), atol=1e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+        incoming = torch.randn_like(expected)
+        (loss.double() * incoming).sum().backward()
+        (expected * incoming).sum().backward()
+        # The gradient rounded once to the logits' dtype: within one rounding of the float64 one.
+        scale = reference.grad.abs().max().item() + 1e-30
+        torch.testing.assert_close(x.grad.double() / scale, reference.grad / scale, atol=1e-2 if dtype == torch.bfloat16 else 1e-5, rtol=0)
+
+
+def test_every_row_ignored_gives_nan_for_the_mean_and_zero_gradients():
+    logits = torch.randn(5, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.full((5,), -100, device="cuda")
+    loss, _ = CrossEntropyFwdOp()(logits, targets)
+    assert loss.isnan()
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
+    assert CrossEntropyFwdOp(reduction="sum")(logits.detach(), targets)[0].item() == 0.0
+
+
+def test_int32_targets_and_an_unaligned_slice():
+    logits, targets = _case(40, 32001, torch.bfloat16)
+    op = CrossEntropyFwdOp(label_smoothing=0.1)
+    torch.testing.assert_close(op(logits, targets.int()), op(logits, targets))
+    wide = torch.randn(40, 32008, device="cuda", dtype=torch.bfloat16)
+    part = wide[:, 1:32001]  # not contiguous: copied by the call path, then served
+    torch.testing.assert_close(op(part, targets), op(part.contiguous(), targets))
+
+
+def test_a_target_out_of_range_is_refused_by_name_not_by_a_device_assert():
+    logits, targets = _case(8, 1000, torch.bfloat16)
+    targets[5] = 1000
+    with pytest.raises(OpArgumentError, match=r"CrossEntropyFwdOp: argument 'targets' holds 1000 at row 5; expected a class in \[0, 1000\)"):
+        CrossEntropyFwdOp()(logits, targets)
+    torch.cuda.synchronize()  # the context is healthy: no kernel read out of bounds
+
+
+def test_under_graph_capture_an_out_of_range_target_gives_nan_and_reads_nothing_out_of_bounds():
+    logits, targets = _case(8, 1000, torch.bfloat16)
+    op = CrossEntropyPerRowFwdOp()
+    op(logits, targets)  # build outside the capture
+    bad = targets.clone()
+    bad[2] = 5000
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss, _ = op(logits, bad)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert loss[2].isnan() and not loss[torch.arange(8, device="cuda") != 2].isnan().any()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_training_through_the_loss_matches_torch(compiled):
+    torch.manual_seed(0)
+    ours_head = torch.nn.Linear(256, 32000, device="cuda", dtype=torch.bfloat16)
+    theirs_head = torch.nn.Linear(256, 32000, device="cuda", dtype=torch.bfloat16)
+    theirs_head.load_state_dict(ours_head.state_dict())
+    options = {"label_smoothing": 0.1, "lse_square_scale": 1e-4, "softcap": 30.0}
+    loss_op = CrossEntropyFwdOp(**options)
+
+    def ours(h, t):
+        return loss_op(ours_head(h), t)[0]
+
+    def theirs(h, t):
+        return _torch_loss(theirs_head(h).float(), t, **options)
+
+    if compiled:
+        ours = torch.compile(ours, fullgraph=True)
+    hidden = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    targets = torch.randint(0, 32000, (512,), device="cuda")
+    targets[::9] = -100
+    results = []
+    for head, step in ((ours_head, ours), (theirs_head, theirs)):
+        optimiser = torch.optim.SGD(head.parameters(), lr=0.5)
+        losses = []
+        for _ in range(3):
+            optimiser.zero_grad()
+            loss = step(hidden, targets)
+            loss.backward()
+            optimiser.step()
+            losses.append(loss.float().item())
+        results.append(losses)
+    torch.testing.assert_close(results[0], results[1], atol=2e-2, rtol=1e-2)
+
+
+def test_linear_cross_entropy_matches_torch_and_needs_less_memory_than_the_logits():
+    torch.manual_seed(0)
+    rows, hidden_size, vocab = 4096, 2048, 128256
+    hidden = (torch.randn(rows, hidden_size, device="cuda") / 8).to(torch.bfloat16).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, device="cuda") / 32).to(torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, vocab, (rows,), device="cuda")
+    targets[::11] = -100
+    op = LinearCrossEntropyFwdOp(label_smoothing=0.1, softcap=30.0)
+    op(hidden.detach(), weight.detach(), None, targets)  # build the kernels first
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss = op(hidden, weight, None, targets)
+    dhidden, dweight = torch.autograd.grad(loss, (hidden, weight))
+    peak = torch.cuda.max_memory_allocated() - before
+    logits_bytes = rows * vocab * 2
+    # Gradients of hidden and weight (kept) plus one chunk's logits (about hidden's size) and its
+    # GEMM workspace: well under the logits alone.
+    assert peak < logits_bytes / 2, (peak, logits_bytes)
+    h = hidden.detach().double().requires_grad_()
+    w = weight.detach().double().requires_grad_()
+    expected = _torch_loss(h @ w.T, targets, label_smoothing=0.1, softcap=30.0)
+    expected.backward()
+    torch.testing.assert_close(loss.double(), expected.detach(), atol=2e-2, rtol=1e-2)
+    for got, want in ((dhidden, h.grad), (dweight, w.grad)):
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.double() / scale, want / scale, atol=2e-2, rtol=0)
