@@ -243,3 +243,33 @@ def test_linear_cross_entropy_matches_the_logits_path_and_its_backward_op_alone(
     torch.testing.assert_close(dhidden, h.grad)
     torch.testing.assert_close(dweight, w.grad)
     assert dbias.shape == (30,)
+
+
+def test_the_peer_table_names_family_ops_and_builds_liger_losses_with_the_ops_options():
+    from tileops.ops.loss import OPS, command_line
+
+    assert set(command_line.PEERS) <= {op_class.__name__ for op_class in OPS}
+    built = []
+
+    class FakeLoss:
+        """Stands for a Liger loss module: records its options and how it is called."""
+
+        def __init__(self, **options):
+            built.append(options)
+
+        def __call__(self, *args):
+            built.append(args)
+            return args
+
+    logits, targets = torch.randn(3, 5), torch.tensor([0, 1, 2], dtype=torch.int32)
+    params = {"ignore_index": 1, "label_smoothing": 0.1, "reduction": "sum", "lse_square_scale": 0.0, "softcap": 3.0}
+    _, adapter = command_line.PEERS["CrossEntropyFwdOp"]["Liger"]
+    called = adapter(FakeLoss, {"logits": logits, "targets": targets}, params)()
+    assert built[0] == params and called[0] is logits and called[1].dtype == torch.int64
+    _, adapter = command_line.PEERS["CrossEntropyPerRowFwdOp"]["Liger"]
+    adapter(FakeLoss, {"logits": logits, "targets": targets}, {"softcap": None})()
+    assert built[2]["reduction"] == "none"
+    hidden, weight = torch.randn(3, 4), torch.randn(5, 4)
+    _, adapter = command_line.PEERS["LinearCrossEntropyFwdOp"]["Liger"]
+    called = adapter(FakeLoss, {"hidden": hidden, "weight": weight, "targets": targets}, params)()
+    assert called[0] is weight and called[1] is hidden and called[3] is None  # Liger takes the weight first

@@ -1,0 +1,67 @@
+"""The loss family's sugar for the ``tileops`` command: shorthand flags, and the peer libraries
+``tileops bench`` times beside each op.
+
+``--ignore-index``, ``--label-smoothing``, ``--reduction``, ``--lse-square-scale`` and
+``--softcap`` set the params of the same names; ``--no-bias`` leaves the linear cross-entropy's
+bias out.
+"""
+
+#: Flag -> the param it sets; its value is read as the manifest declares the param.
+PARAM_FLAGS = {
+    "--ignore-index": "ignore_index",
+    "--label-smoothing": "label_smoothing",
+    "--reduction": "reduction",
+    "--lse-square-scale": "lse_square_scale",
+    "--softcap": "softcap",
+}
+
+#: Flag -> the optional input it leaves out.
+OMIT_FLAGS = {"--no-bias": "bias"}
+
+
+# -- peers: what ``tileops bench`` times beside each op (the ``bench`` extra installs them) ------
+#
+# Op -> {column: (the peer's callable as "module:attribute", adapter)}, as in the norm family's
+# table. Liger-Kernel's losses are modules built with the same options (ignore_index,
+# label_smoothing, reduction, lse_square_scale, softcap); they return the loss alone, not lse.
+# Their forward writes the gradient of the logits into the logits' memory (Liger's in-place
+# design), which changes the values the peer reads on the next repetition but not the bytes it
+# moves.
+
+LIGER_CROSS_ENTROPY = "liger_kernel.transformers:LigerCrossEntropyLoss"
+LIGER_LINEAR_CROSS_ENTROPY = "liger_kernel.transformers:LigerFusedLinearCrossEntropyLoss"
+
+
+def _options(params, reduction):
+    return {
+        "ignore_index": params.get("ignore_index", -100),
+        "label_smoothing": params.get("label_smoothing", 0.0),
+        "lse_square_scale": params.get("lse_square_scale", 0.0),
+        "softcap": params.get("softcap"),
+        "reduction": reduction,
+    }
+
+
+def _liger_cross_entropy(module, inputs, params):
+    loss = module(**_options(params, params.get("reduction", "mean")))
+    logits, targets = inputs["logits"], inputs["targets"].long()
+    return lambda: loss(logits, targets)
+
+
+def _liger_per_row_cross_entropy(module, inputs, params):
+    loss = module(**_options(params, "none"))
+    logits, targets = inputs["logits"], inputs["targets"].long()
+    return lambda: loss(logits, targets)
+
+
+def _liger_linear_cross_entropy(module, inputs, params):
+    loss = module(**_options(params, params.get("reduction", "mean")))
+    hidden, weight, bias, targets = inputs["hidden"], inputs["weight"], inputs.get("bias"), inputs["targets"].long()
+    return lambda: loss(weight, hidden, targets, bias)
+
+
+PEERS = {
+    "CrossEntropyFwdOp": {"Liger": (LIGER_CROSS_ENTROPY, _liger_cross_entropy)},
+    "CrossEntropyPerRowFwdOp": {"Liger": (LIGER_CROSS_ENTROPY, _liger_per_row_cross_entropy)},
+    "LinearCrossEntropyFwdOp": {"Liger": (LIGER_LINEAR_CROSS_ENTROPY, _liger_linear_cross_entropy)},
+}
