@@ -52,6 +52,7 @@ from tileops.backend import register_kernel_builder as _register, registered_tar
 from tileops.ops import FAMILIES as _FAMILIES
 from torch.autograd.functional import vjp as _vjp
 _x, _r = torch.randn(3, 8), torch.randn(3, 8)
+_t = torch.tensor([0, 2, -100])
 _rms, _layer = (lambda t: _F.rms_norm(t, (8,))), (lambda t: _F.layer_norm(t, (8,)))
 _checks = {
     "RMSNormFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.rms_norm(_x, (8,))),
@@ -84,10 +85,21 @@ _checks = {
     "RotaryEmbeddingInplaceFwdOp": lambda op: torch.testing.assert_close(
         op(_x.clone()[:, None], _r.clone()[:, None], torch.zeros(1, 8), torch.ones(1, 8), torch.zeros(3, dtype=torch.int64))[0][:, 0],
         torch.cat((-_x[:, 4:], _x[:, :4]), -1)),
+    # Logits _x (3 rows of 8 classes, or hidden states against the weight _r of 3 classes); the last row ignored.
+    "CrossEntropyFwdOp": lambda op: torch.testing.assert_close(op(_x, _t)[0], _F.cross_entropy(_x, _t)),
+    "CrossEntropyPerRowFwdOp": lambda op: torch.testing.assert_close(op(_x, _t)[0], _F.cross_entropy(_x, _t, reduction="none")),
+    "LinearCrossEntropyFwdOp": lambda op: torch.testing.assert_close(op(_x, _r, None, _t), _F.cross_entropy(_x @ _r.T, _t)),
+    "CrossEntropyBwdOp": lambda op: torch.testing.assert_close(
+        op(torch.tensor(1.0), None, _x, _t, torch.logsumexp(_x, -1)), _vjp(lambda t: _F.cross_entropy(t, _t), _x)[1]),
+    "CrossEntropyPerRowBwdOp": lambda op: torch.testing.assert_close(
+        op(_r[:, 0], None, _x, _t, torch.logsumexp(_x, -1)), _vjp(lambda t: _F.cross_entropy(t, _t, reduction="none"), _x, _r[:, 0])[1]),
+    "LinearCrossEntropyBwdOp": lambda op: torch.testing.assert_close(
+        op(torch.tensor(1.0), _x, _r, None, _t)[0], _vjp(lambda h: _F.cross_entropy(h @ _r.T, _t), _x)[1]),
 }
 # The ops that take no param are constructed without one; the others with 8 (normalized_shape,
 # the rope ops' rotary_dim) or 4 (the packed activations' half width d, of rows of 8).
 _NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp"}
+_NO_PARAM |= {name for name in _checks if "CrossEntropy" in name}  # the loss ops: every param defaults
 _construct = lambda name: _classes[name](target="builtin") if name in _NO_PARAM else _classes[name](4 if name.startswith("Packed") else 8, target="builtin")  # noqa: E731
 _classes = {c.__name__: c for cs in _FAMILIES.values() for c in cs}
 assert sorted(_classes) == sorted(_checks), "an op was added: give it a check here"
