@@ -3,8 +3,8 @@
 Three kinds (``KINDS``), over contiguous (n, V) logits with n symbolic (one compiled program
 serves every row count) and V a compile-time constant:
 
-- ``partial``: each block reduces one span of one row, ``splits`` spans per row (grid splits x
-  n): it streams the span once in accesses of ``vec`` elements (16 bytes where the call is
+- ``partial``: each block reduces one span of one row, ``splits`` spans per row (grid n x
+  splits): it streams the span once in accesses of ``vec`` elements (16 bytes where the call is
   aligned), keeping per thread an online maximum m and sum s of exp(z - m) of the soft-capped
   logits z in float32, and the sum of z (label smoothing needs it); the block then combines its
   threads (warp shuffles, one round through shared memory) and writes (m, s, sum z) to
@@ -13,7 +13,7 @@ serves every row count) and V a compile-time constant:
 - ``finish``: one thread per row combines the row's spans into lse = m + log(s), reads the
   target's logit (a guarded read: a target outside [0, V) reads nothing and gives NaN), and
   writes the row's loss (0 where the target is ignore_index) and lse, float32.
-- ``grad``: elementwise over (n, V), one row per grid row: dlogits = (a * exp(z - lse) - b *
+- ``grad``: elementwise over (n, V), rows on the grid's x dimension: dlogits = (a * exp(z - lse) - b *
   ((1 - smoothing) * [j == t] + smoothing / V)) * dz/dx, with a, b, lse per row (float32) and dz/dx
   = 1 - (z / softcap)**2 under soft-capping; it reads each element before writing it, so dlogits
   may be the logits themselves.
@@ -71,7 +71,8 @@ def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits):
 
     @T.prim_func
     def main(logits: T.Tensor((n, vocab), dt), partial: T.Tensor((n, splits, 3), f32)):
-        with T.Kernel(splits, n, threads=threads) as (split, row):
+        # Rows on the grid's x dimension, whose limit (2**31 - 1) no row count reaches (y stops at 65535).
+        with T.Kernel(n, splits, threads=threads) as (row, split):
             tx = T.get_thread_binding()
             buf = T.alloc_local((width,), dt)
             z = T.alloc_local((width,), f32)
@@ -193,7 +194,8 @@ def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, 
         logits: T.Tensor((n, vocab), dt), targets: T.Tensor((n,), it), lse: T.Tensor((n,), f32),
         softmax_scale: T.Tensor((n,), f32), target_scale: T.Tensor((n,), f32), dlogits: T.Tensor((n, vocab), dt),
     ):
-        with T.Kernel(T.ceildiv(accesses, chunk), n, threads=threads) as (bx, row):
+        # Rows on the grid's x dimension (limit 2**31 - 1); a row's blocks on y (V / chunk, far below 65535).
+        with T.Kernel(n, T.ceildiv(accesses, chunk), threads=threads) as (row, bx):
             tx = T.get_thread_binding()
             buf = T.alloc_local((vec,), dt)
             out = T.alloc_local((vec,), dt)
