@@ -1,0 +1,80 @@
+"""The attention kernels' launch rules, from the hardware facts of Hopper.
+
+Flash attention is compute-bound: what matters is that every product is a wgmma over tiles the
+tensor cores take whole, that the next K and V tiles load (TMA) while the current ones are
+multiplied, and that the float32 accumulators fit the registers without spilling.
+
+- A wgmma's M is 64 rows per warpgroup; a block has two consumer warpgroups (256 threads; TileLang
+  adds a producer warpgroup for the loads), so a forward block takes ``block_m`` = 128 query
+  rows, each warpgroup 64 of them.
+- Registers: a consumer thread holds its share of O (block_m * D float32 over 256 threads, D / 2
+  registers) and of S (block_m * block_n / 256); the 240 a consumer may take fit D = 128 with
+  block_n = 128 and D = 256 with block_n = 64.
+- Shared memory: Q (block_m * D) plus ``stages`` buffers of K and V (2 * block_n * D each), in
+  2-byte elements, within the 227 KiB a block may use (228 KiB per SM, 1 KiB reserved); stages
+  is the deepest of 2 and 1 that fits (2 for every head size served).
+- Backward, per key block: K and V (block_n rows), dK and dV float32 in registers (2 * block_n * D
+  over 256 threads: block_n = 128 up to D = 128, 64 for D = 256), ``block_m`` = 64 query rows per
+  step (Q, dO, P^T and dS^T tiles, ``stages`` deep for Q and dO). A key block of fewer than 128
+  rows cannot give each warpgroup 64 rows, so its accumulators are split by columns
+  (``split_columns``).
+
+Head sizes 64, 128 and 256 are served (others by plain torch), bfloat16 and float16. These
+rules were written from the H200's facts and have not been measured yet; ``forward_candidates``
+are what ``request_tune`` times.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: The dtypes and head sizes the TileLang kernels take.
+DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (64, 128, 256)
+#: The shared memory one block may use on Hopper: 228 KiB per SM, 1 KiB of it reserved per block.
+SMEM_BYTES = 227 * 1024
+_ELEMENT = 2  # bytes of a float16 or bfloat16 element
+_THREADS = 256  # two consumer warpgroups
+_WGMMA_ROWS = 64  # a wgmma's M per warpgroup
+#: Per-step tiles of the helper kernels (delta, the dQ cast): 64 rows of 128 threads.
+ROWS_KERNEL = {"block_m": 64, "threads": 128}
+
+
+def refusal(dtype: torch.dtype, head_dim: int) -> str | None:
+    if dtype not in DTYPES:
+        return f"takes float16 and bfloat16, not {dtype}"
+    if head_dim not in HEAD_DIMS:
+        return f"takes head sizes {', '.join(map(str, HEAD_DIMS))}, not {head_dim}"
+    return None
+
+
+def _stages(fixed: int, per_stage: int) -> int:
+    """The deepest of 2 and 1 pipeline stages whose shared memory fits."""
+    return 2 if fixed + 2 * per_stage <= SMEM_BYTES else 1
+
+
+def forward_config(head_dim: int) -> dict[str, Any]:
+    block_m = 2 * _WGMMA_ROWS
+    block_n = 128 if head_dim <= 128 else 64
+    stages = _stages(block_m * head_dim * _ELEMENT, 2 * block_n * head_dim * _ELEMENT)
+    return {"block_m": block_m, "block_n": block_n, "stages": stages, "threads": _THREADS}
+
+
+def forward_candidates(head_dim: int) -> list[dict[str, Any]]:
+    """Forward configurations worth timing, the rules' first: one stage less, and half-width key tiles."""
+    default = forward_config(head_dim)
+    candidates = [default, {**default, "stages": 1}]
+    if default["block_n"] > 64:
+        candidates.append({**default, "block_n": default["block_n"] // 2})
+    return candidates
+
+
+def backward_config(head_dim: int) -> dict[str, Any]:
+    block_n = 128 if head_dim <= 128 else 64
+    block_m = _WGMMA_ROWS
+    fixed = (2 * block_n * head_dim + 2 * block_n * block_m + block_n * head_dim) * _ELEMENT
+    stages = _stages(fixed, 2 * block_m * head_dim * _ELEMENT)
+    split = block_n < 2 * _WGMMA_ROWS
+    return {"block_n": block_n, "block_m": block_m, "stages": stages, "threads": _THREADS, "split_columns": split}

@@ -1,0 +1,347 @@
+"""The TileLang programs of the attention kernels (flash attention, forward and backward), and
+their compilation.
+
+Batch, query length and key length are symbolic, so one compiled program serves every length;
+the head size, head counts, masking, scale, layout and dtype are compile-time constants (the
+call spec). Masks are applied per element where a tile may hold masked entries and skipped
+where whole tiles are masked: each query block visits only the key blocks its causal window and
+sliding window reach, and each key block only the query blocks that see it. Softmax statistics
+are float32 in the base-2 domain (scores times scale * log2(e), one ``exp2`` per element).
+
+- ``forward``: one block per (query block, query head, batch). Q stays in shared memory; K and V
+  tiles stream through a ``T.Pipelined`` loop of ``stages`` buffers; S = Q K^T and O += P V are
+  ``T.gemm`` (wgmma on sm_90) into float32 fragments, with the online softmax between them. A
+  row that has seen no key yet keeps a maximum of -inf, which is read as 0 so that no
+  ``-inf - -inf`` appears. o is written as acc / sum (0 where the row saw no key), lse as
+  log(sum) + max in natural-log units (-inf where it saw none).
+- ``bwd_pre``: delta = rowsum(dO * O) - dlse and lse * log2(e), each (B, H_q, S_pad) float32,
+  one block per (query block, head, batch): the main kernel reads them as contiguous tiles.
+- ``bwd_main``: one block per (key block, key/value head, batch), the flash-attention-2 scheme.
+  K and V stay in shared memory; the loop runs over the query blocks of every query head of the
+  group (GQA without atomics on dK, dV), recomputing P^T = exp2(K Q^T * scale2 - lse2) and
+  dP^T = V dO^T, accumulating dV += P^T dO and dK += dS^T Q in float32 registers
+  (dS = P (dP - delta) * scale), and adding dQ = dS K into a float32 (B, H_q, S_pad, D)
+  accumulator with atomics.
+- ``bwd_post``: dQ cast from the accumulator to q's dtype and layout.
+
+Importing this module does not import tilelang; building a program does.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
+
+import torch
+
+from ..compile import compile_once
+
+_TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def _shapes(layout: str, batch, seq, heads: int, head_dim: int):
+    return [batch, seq, heads, head_dim] if layout == "bshd" else [batch, heads, seq, head_dim]
+
+
+def _rows(tensor, layout: str, b, start, extent: int, h):
+    """The region of ``extent`` sequence rows from ``start`` of head h, batch b, in ``layout``."""
+    if layout == "bshd":
+        return tensor[b, start : start + extent, h, :]
+    return tensor[b, h, start : start + extent, :]
+
+
+def _visible(causal: bool, window, row, col, s_k, offset):
+    """Whether query row ``row`` sees key ``col`` (both absolute), as a TileLang condition."""
+    import tilelang.language as T
+
+    ok = col < s_k
+    if causal:
+        ok = T.And(ok, col <= row + offset)
+    if window is not None:
+        ok = T.And(ok, col >= row + offset - window)
+    return ok
+
+
+def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, layout, *, block_m, block_n, stages, threads):
+    """``main(q, k, v, o, lse)``: o and lse for q (B, S_q, H_q, D) and k, v (B, S_k, H_kv, D) in
+    ``layout`` (bhsd swaps the middle dimensions; lse is (B, H_q, S_q) in bshd, (B, S_q, H_q) in
+    bhsd)."""
+    import tilelang.language as T
+
+    dt, acc = _TL_DTYPES[dtype], "float32"
+    batch, s_q, s_k = T.dynamic("batch"), T.dynamic("s_q"), T.dynamic("s_k")
+    group = heads_q // heads_kv
+    scale2 = scale * LOG2E
+    q_shape = _shapes(layout, batch, s_q, heads_q, head_dim)
+    kv_shape = _shapes(layout, batch, s_k, heads_kv, head_dim)
+    lse_shape = [batch, heads_q, s_q] if layout == "bshd" else [batch, s_q, heads_q]
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor(q_shape, dt),
+        K: T.Tensor(kv_shape, dt),
+        V: T.Tensor(kv_shape, dt),
+        OUT: T.Tensor(q_shape, dt),
+        LSE: T.Tensor(lse_shape, acc),
+    ):
+        with T.Kernel(T.ceildiv(s_q, block_m), heads_q, batch, threads=threads) as (bx, by, bz):
+            q_tile = T.alloc_shared([block_m, head_dim], dt)
+            k_tile = T.alloc_shared([block_n, head_dim], dt)
+            v_tile = T.alloc_shared([block_n, head_dim], dt)
+            s = T.alloc_fragment([block_m, block_n], acc)
+            p = T.alloc_fragment([block_m, block_n], dt)
+            o = T.alloc_fragment([block_m, head_dim], acc)
+            row_max = T.alloc_fragment([block_m], acc)
+            prev_max = T.alloc_fragment([block_m], acc)
+            shift = T.alloc_fragment([block_m], acc)
+            rescale = T.alloc_fragment([block_m], acc)
+            tile_sum = T.alloc_fragment([block_m], acc)
+            row_sum = T.alloc_fragment([block_m], acc)
+
+            q0 = bx * block_m
+            kv_head = by // group
+            offset = s_k - s_q
+            T.copy(_rows(Q, layout, bz, q0, block_m, by), q_tile)
+            T.fill(o, 0)
+            T.fill(row_sum, 0)
+            T.fill(row_max, -T.infinity(acc))
+
+            # The key blocks this query block reaches: up to its last row's causal limit, from
+            # its first row's window start.
+            stop = T.min(s_k, T.max(q0 + block_m + offset, 0)) if causal else s_k
+            start = T.max(q0 + offset - window, 0) if window is not None else 0
+            for kb in T.Pipelined(start // block_n, T.ceildiv(stop, block_n), num_stages=stages):
+                T.copy(_rows(K, layout, bz, kb * block_n, block_n, kv_head), k_tile)
+                for i, j in T.Parallel(block_m, block_n):
+                    seen = _visible(causal, window, q0 + i, kb * block_n + j, s_k, offset)
+                    s[i, j] = T.if_then_else(seen, 0, -T.infinity(acc))
+                T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(row_max, prev_max)
+                T.reduce_max(s, row_max, dim=1, clear=False)
+                for i in T.Parallel(block_m):
+                    # -inf (no key seen yet) shifts by 0: exp2(-inf - 0) = 0, never NaN.
+                    shift[i] = T.if_then_else(row_max[i] == -T.infinity(acc), 0, row_max[i] * scale2)
+                    rescale[i] = T.exp2(prev_max[i] * scale2 - shift[i])
+                for i, j in T.Parallel(block_m, block_n):
+                    s[i, j] = T.exp2(s[i, j] * scale2 - shift[i])
+                T.reduce_sum(s, tile_sum, dim=1)
+                for i in T.Parallel(block_m):
+                    row_sum[i] = row_sum[i] * rescale[i] + tile_sum[i]
+                for i, j in T.Parallel(block_m, head_dim):
+                    o[i, j] *= rescale[i]
+                T.copy(s, p)
+                T.copy(_rows(V, layout, bz, kb * block_n, block_n, kv_head), v_tile)
+                T.gemm(p, v_tile, o, policy=T.GemmWarpPolicy.FullRow)
+
+            for i, j in T.Parallel(block_m, head_dim):
+                o[i, j] = T.if_then_else(row_sum[i] > 0, o[i, j] / row_sum[i], 0)
+            T.copy(o, _rows(OUT, layout, bz, q0, block_m, by))
+            for i in T.Parallel(block_m):
+                if q0 + i < s_q:
+                    value = T.if_then_else(
+                        row_sum[i] > 0, (T.log2(row_sum[i]) + row_max[i] * scale2) * LN2, -T.infinity(acc)
+                    )
+                    if layout == "bshd":
+                        LSE[bz, by, q0 + i] = value
+                    else:
+                        LSE[bz, q0 + i, by] = value
+
+    return main
+
+
+def make_bwd_pre(dtype, head_dim, heads_q, layout, *, block_m, threads):
+    """``main(do, o, lse, dlse, delta, lse2)``: delta = rowsum(do * o) - dlse and
+    lse2 = lse * log2(e), both (B, H_q, S_pad) float32 (rows past S_q: 0)."""
+    import tilelang.language as T
+
+    dt, acc = _TL_DTYPES[dtype], "float32"
+    batch, s_q, s_pad = T.dynamic("batch"), T.dynamic("s_q"), T.dynamic("s_pad")
+    q_shape = _shapes(layout, batch, s_q, heads_q, head_dim)
+    lse_shape = [batch, heads_q, s_q] if layout == "bshd" else [batch, s_q, heads_q]
+    stat_shape = [batch, heads_q, s_pad]
+
+    @T.prim_func
+    def main(
+        DO: T.Tensor(q_shape, dt),
+        OUT: T.Tensor(q_shape, dt),
+        LSE: T.Tensor(lse_shape, acc),
+        DLSE: T.Tensor(lse_shape, acc),
+        DELTA: T.Tensor(stat_shape, acc),
+        LSE2: T.Tensor(stat_shape, acc),
+    ):
+        with T.Kernel(T.ceildiv(s_pad, block_m), heads_q, batch, threads=threads) as (bx, by, bz):
+            do_tile = T.alloc_fragment([block_m, head_dim], acc)
+            o_tile = T.alloc_fragment([block_m, head_dim], acc)
+            dot = T.alloc_fragment([block_m], acc)
+            q0 = bx * block_m
+            T.copy(_rows(DO, layout, bz, q0, block_m, by), do_tile)
+            T.copy(_rows(OUT, layout, bz, q0, block_m, by), o_tile)
+            for i, j in T.Parallel(block_m, head_dim):
+                do_tile[i, j] = do_tile[i, j] * o_tile[i, j]
+            T.reduce_sum(do_tile, dot, dim=1)
+            for i in T.Parallel(block_m):
+                if q0 + i < s_q:
+                    if layout == "bshd":
+                        DELTA[bz, by, q0 + i] = dot[i] - DLSE[bz, by, q0 + i]
+                        LSE2[bz, by, q0 + i] = LSE[bz, by, q0 + i] * LOG2E
+                    else:
+                        DELTA[bz, by, q0 + i] = dot[i] - DLSE[bz, q0 + i, by]
+                        LSE2[bz, by, q0 + i] = LSE[bz, q0 + i, by] * LOG2E
+                elif q0 + i < s_pad:
+                    DELTA[bz, by, q0 + i] = 0
+                    LSE2[bz, by, q0 + i] = 0
+
+    return main
+
+
+def make_bwd_main(
+    dtype, head_dim, heads_q, heads_kv, causal, window, scale, layout, *, block_n, block_m, stages, threads, split_columns
+):
+    """``main(do, q, k, v, delta, lse2, dq_acc, dk, dv)``: dk and dv in k's dtype and layout,
+    and dq (float32, (B, H_q, S_pad, D)) added into ``dq_acc``, which must start at zero.
+    ``block_n`` key rows per block, ``block_m`` query rows per step. ``split_columns``: the
+    warpgroups split the key block's (block_n, D) accumulators by columns (a key block of fewer
+    rows than 64 per warpgroup, as D = 256 needs to keep dK and dV in registers), so P^T and dS^T
+    reach the dV and dK products through shared memory rather than each warpgroup's registers."""
+    import tilelang.language as T
+
+    dt, acc = _TL_DTYPES[dtype], "float32"
+    batch, s_q, s_k, s_pad = T.dynamic("batch"), T.dynamic("s_q"), T.dynamic("s_k"), T.dynamic("s_pad")
+    group = heads_q // heads_kv
+    scale2 = scale * LOG2E
+    q_shape = _shapes(layout, batch, s_q, heads_q, head_dim)
+    kv_shape = _shapes(layout, batch, s_k, heads_kv, head_dim)
+    stat_shape = [batch, heads_q, s_pad]
+    acc_shape = [batch, heads_q, s_pad, head_dim]
+    score_policy = T.GemmWarpPolicy.FullCol if split_columns else T.GemmWarpPolicy.FullRow
+
+    @T.prim_func
+    def main(
+        DO: T.Tensor(q_shape, dt),
+        Q: T.Tensor(q_shape, dt),
+        K: T.Tensor(kv_shape, dt),
+        V: T.Tensor(kv_shape, dt),
+        DELTA: T.Tensor(stat_shape, acc),
+        LSE2: T.Tensor(stat_shape, acc),
+        DQ: T.Tensor(acc_shape, acc),
+        DK: T.Tensor(kv_shape, dt),
+        DV: T.Tensor(kv_shape, dt),
+    ):
+        with T.Kernel(T.ceildiv(s_k, block_n), heads_kv, batch, threads=threads) as (bx, by, bz):
+            k_tile = T.alloc_shared([block_n, head_dim], dt)
+            v_tile = T.alloc_shared([block_n, head_dim], dt)
+            q_tile = T.alloc_shared([block_m, head_dim], dt)
+            do_tile = T.alloc_shared([block_m, head_dim], dt)
+            lse2 = T.alloc_shared([block_m], acc)
+            delta = T.alloc_shared([block_m], acc)
+            ds_tile = T.alloc_shared([block_n, block_m], dt)
+            p = T.alloc_fragment([block_n, block_m], acc)
+            dp = T.alloc_fragment([block_n, block_m], acc)
+            p_cast = T.alloc_fragment([block_n, block_m], dt)
+            ds_cast = T.alloc_fragment([block_n, block_m], dt)
+            p_tile = T.alloc_shared([block_n, block_m], dt)
+            dk = T.alloc_fragment([block_n, head_dim], acc)
+            dv = T.alloc_fragment([block_n, head_dim], acc)
+            dq = T.alloc_fragment([block_m, head_dim], acc)
+            out_tile = T.alloc_shared([block_n, head_dim], dt)
+
+            k0 = bx * block_n
+            offset = s_k - s_q
+            T.copy(_rows(K, layout, bz, k0, block_n, by), k_tile)
+            T.copy(_rows(V, layout, bz, k0, block_n, by), v_tile)
+            T.clear(dk)
+            T.clear(dv)
+
+            # The query blocks that see these keys: from the first row whose causal limit reaches
+            # the first key, to the last row whose window still holds the last key.
+            first = T.max(k0 - offset, 0) // block_m if causal else 0
+            reach = T.min(s_q, k0 + block_n - offset + window) if window is not None else s_q
+            last = T.ceildiv(T.max(reach, 0), block_m)
+            blocks = T.max(last - first, 0)
+            for step in T.Pipelined(blocks * group, num_stages=stages):
+                head = by * group + step // blocks
+                q0 = (first + step % blocks) * block_m
+                T.copy(_rows(Q, layout, bz, q0, block_m, head), q_tile)
+                T.clear(p)
+                T.gemm(k_tile, q_tile, p, transpose_B=True, policy=score_policy)
+                T.copy(_rows(DO, layout, bz, q0, block_m, head), do_tile)
+                T.clear(dp)
+                T.gemm(v_tile, do_tile, dp, transpose_B=True, policy=score_policy)
+                T.copy(LSE2[bz, head, q0 : q0 + block_m], lse2)
+                T.copy(DELTA[bz, head, q0 : q0 + block_m], delta)
+                for i, j in T.Parallel(block_n, block_m):
+                    seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
+                    p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - lse2[j]), 0)
+                T.copy(p, p_cast)
+                for i, j in T.Parallel(block_n, block_m):
+                    ds_cast[i, j] = p[i, j] * (dp[i, j] - delta[j]) * scale
+                T.copy(ds_cast, ds_tile)
+                if split_columns:
+                    T.copy(p_cast, p_tile)
+                    T.gemm(p_tile, do_tile, dv, policy=T.GemmWarpPolicy.FullCol)
+                    T.gemm(ds_tile, q_tile, dk, policy=T.GemmWarpPolicy.FullCol)
+                else:
+                    T.gemm(p_cast, do_tile, dv, policy=T.GemmWarpPolicy.FullRow)
+                    T.gemm(ds_cast, q_tile, dk, policy=T.GemmWarpPolicy.FullRow)
+                T.clear(dq)
+                T.gemm(ds_tile, k_tile, dq, transpose_A=True)
+                T.atomic_add(DQ[bz, head, q0 : q0 + block_m, :], dq)
+
+            T.copy(dv, out_tile)
+            T.copy(out_tile, _rows(DV, layout, bz, k0, block_n, by))
+            T.copy(dk, out_tile)
+            T.copy(out_tile, _rows(DK, layout, bz, k0, block_n, by))
+
+    return main
+
+
+def make_bwd_post(dtype, head_dim, heads_q, layout, *, block_m, threads):
+    """``main(dq_acc, dq)``: the float32 (B, H_q, S_pad, D) accumulator cast to q's dtype and
+    layout."""
+    import tilelang.language as T
+
+    dt, acc = _TL_DTYPES[dtype], "float32"
+    batch, s_q, s_pad = T.dynamic("batch"), T.dynamic("s_q"), T.dynamic("s_pad")
+    q_shape = _shapes(layout, batch, s_q, heads_q, head_dim)
+
+    @T.prim_func
+    def main(DQ_ACC: T.Tensor([batch, heads_q, s_pad, head_dim], acc), DQ: T.Tensor(q_shape, dt)):
+        with T.Kernel(T.ceildiv(s_q, block_m), heads_q, batch, threads=threads) as (bx, by, bz):
+            tile = T.alloc_fragment([block_m, head_dim], acc)
+            cast = T.alloc_fragment([block_m, head_dim], dt)
+            q0 = bx * block_m
+            T.copy(DQ_ACC[bz, by, q0 : q0 + block_m, :], tile)
+            T.copy(tile, cast)
+            T.copy(cast, _rows(DQ, layout, bz, q0, block_m, by))
+
+    return main
+
+
+def hopper_target(target: dict) -> dict:
+    """``target`` with sm_90 made sm_90a: wgmma, TMA and the register reallocation of TileLang's
+    warp-specialised pipelines are instructions of the architecture-specific sm_90a only."""
+    return dict(target, arch="sm_90a") if target.get("arch") == "sm_90" else dict(target)
+
+
+def compile_forward(call, target: dict, **config):
+    """The compiled forward of a call spec (``AttentionCall``) and configuration, once per process."""
+    spec = (call.dtype, call.head_dim, call.heads_q, call.heads_kv, call.causal, call.window, call.scale, call.layout)
+    identity = ("attention_fwd", *spec, tuple(sorted(config.items())))
+    return compile_once(identity, lambda: make_forward(*spec, **config), hopper_target(target))
+
+
+def compile_bwd_pre(call, target: dict, **config):
+    identity = ("attention_bwd_pre", call.dtype, call.head_dim, call.heads_q, call.layout, tuple(sorted(config.items())))
+    make = lambda: make_bwd_pre(call.dtype, call.head_dim, call.heads_q, call.layout, **config)  # noqa: E731
+    return compile_once(identity, make, hopper_target(target))
+
+
+def compile_bwd_main(call, target: dict, **config):
+    spec = (call.dtype, call.head_dim, call.heads_q, call.heads_kv, call.causal, call.window, call.scale, call.layout)
+    identity = ("attention_bwd", *spec, tuple(sorted(config.items())))
+    return compile_once(identity, lambda: make_bwd_main(*spec, **config), hopper_target(target))
+
+
+def compile_bwd_post(call, target: dict, **config):
+    identity = ("attention_bwd_post", call.dtype, call.head_dim, call.heads_q, call.layout, tuple(sorted(config.items())))
+    make = lambda: make_bwd_post(call.dtype, call.head_dim, call.heads_q, call.layout, **config)  # noqa: E731
+    return compile_once(identity, make, hopper_target(target))

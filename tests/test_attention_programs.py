@@ -1,0 +1,163 @@
+"""The attention kernels: the launch rules, selection (which calls the TileLang kernels serve on
+Hopper and which plain torch serves), the kernel classes on CPU tensors (compilation and the GPU
+replaced) and the compile tier: one build of each program kind lowered and compiled for sm_90
+(as sm_90a: wgmma and TMA) in a fresh interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import run_python
+from tileops.core import DeviceFacts
+from tileops.kernels.cuda.attention import KERNELS, policy, programs
+from tileops.ops.attention import AttentionBwdInterface, AttentionBwdOp, AttentionFwdInterface, AttentionFwdOp
+
+CUDA = torch.device("cuda", 0)
+
+
+def _facts(arch):
+    return lambda call: DeviceFacts("cuda", arch, 132, 227 * 1024, "GPU")
+
+
+def _selected(op, dtype, head_dim, heads_q=32, heads_kv=8, arch=90):
+    (interface,) = op.kernel_interfaces
+    call = op.call_spec(interface, CUDA, dtype, head_dim, heads_q, heads_kv)
+    return op.implementations()[interface].select(call, _facts(arch))
+
+
+@pytest.mark.parametrize("op_class", [AttentionFwdOp, AttentionBwdOp])
+def test_hopper_calls_of_16_bit_dtypes_and_served_head_sizes_take_tilelang(op_class):
+    for head_dim in policy.HEAD_DIMS:
+        assert _selected(op_class(causal=True), torch.bfloat16, head_dim) == "tilelang"
+        assert _selected(op_class(window=128, layout="bhsd"), torch.float16, head_dim, 16, 16) == "tilelang"
+    assert _selected(op_class(), torch.bfloat16, 96) == "torch"  # a head size the kernels do not take
+    assert _selected(op_class(), torch.float32, 128) == "torch"
+    assert _selected(op_class(), torch.float64, 128) == "torch"
+    assert _selected(op_class(), torch.bfloat16, 128, arch=80) == "torch"  # no wgmma before Hopper
+
+
+def test_the_refusals_say_what_the_kernels_take():
+    assert "float16 and bfloat16" in policy.refusal(torch.float32, 128)
+    assert "64, 128, 256" in policy.refusal(torch.bfloat16, 80)
+    assert policy.refusal(torch.bfloat16, 256) is None
+
+
+@pytest.mark.parametrize("head_dim", policy.HEAD_DIMS)
+def test_the_tiles_fit_shared_memory_and_give_each_warpgroup_whole_wgmma_rows(head_dim):
+    forward = policy.forward_config(head_dim)
+    smem = (forward["block_m"] + 2 * forward["stages"] * forward["block_n"]) * head_dim * 2
+    assert smem <= policy.SMEM_BYTES and forward["block_m"] == 128 and forward["stages"] == 2
+    backward = policy.backward_config(head_dim)
+    n, m = backward["block_n"], backward["block_m"]
+    smem = (3 * n * head_dim + 2 * n * m + 2 * backward["stages"] * m * head_dim) * 2
+    assert smem <= policy.SMEM_BYTES
+    assert backward["split_columns"] == (n < 128)  # two warpgroups of 64 rows, or split by columns
+    # dK and dV in float32 registers: at most 128 of a consumer thread's 240
+    assert 2 * n * head_dim // backward["threads"] <= 128
+    assert policy.forward_candidates(head_dim)[0] == forward
+
+
+# -- the kernel classes on CPU tensors ----------------------------------------------------------
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Kernels built for cuda:0 with every program replaced by a recorder, so that the
+    production forward runs on CPU tensors; the list of (program, tensors) launched."""
+    from tileops.kernels.cuda import kernel as kernel_module
+
+    launched = []
+
+    def recorder(name):
+        return lambda call, target, **config: lambda *tensors: launched.append((name, config, tensors))
+
+    monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
+    monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
+    for name in ("forward", "bwd_pre", "bwd_main", "bwd_post"):
+        monkeypatch.setattr(programs, f"compile_{name}", recorder(name))
+    return launched
+
+
+def _kernel(op, interface, dtype, head_dim, heads_q, heads_kv):
+    return KERNELS[interface]["tilelang"](op.call_spec(interface, CUDA, dtype, head_dim, heads_q, heads_kv))
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_the_forward_kernel_allocates_o_like_q_and_a_float32_lse(launches, layout):
+    kernel = _kernel(AttentionFwdOp(layout=layout), AttentionFwdInterface, torch.bfloat16, 64, 4, 2)
+    shape = (2, 100, 4, 64) if layout == "bshd" else (2, 4, 100, 64)
+    kv_shape = (2, 70, 2, 64) if layout == "bshd" else (2, 2, 70, 64)
+    q, k, v = torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(kv_shape, dtype=torch.bfloat16), torch.zeros(kv_shape, dtype=torch.bfloat16)
+    o, lse = kernel.forward(q, k, v)
+    name, config, tensors = launches[-1]
+    assert name == "forward" and config == policy.forward_config(64)
+    assert tensors[:3] == (q, k, v) and tensors[3] is o and tensors[4] is lse
+    assert o.shape == q.shape and o.dtype == torch.bfloat16
+    assert lse.dtype == torch.float32 and lse.shape == (2, shape[2], shape[1])
+
+
+@pytest.mark.parametrize("with_dlse", [False, True])
+def test_the_backward_runs_delta_main_and_cast_with_zeroed_padded_workspaces(launches, with_dlse):
+    kernel = _kernel(AttentionBwdOp(causal=True), AttentionBwdInterface, torch.float16, 128, 8, 2)
+    q = torch.zeros(3, 100, 8, 128, dtype=torch.float16)
+    k = torch.zeros(3, 130, 2, 128, dtype=torch.float16)
+    lse = torch.zeros(3, 8, 100)
+    dlse = torch.ones(3, 8, 100) if with_dlse else None
+    dq, dk, dv = kernel.forward(q, q, k, k, q, lse, dlse)
+    assert [name for name, _, _ in launches] == ["bwd_pre", "bwd_main", "bwd_post"]
+    (_, _, pre), (_, main_config, main), (_, _, post) = launches
+    assert main_config == policy.backward_config(128)
+    delta, lse2 = pre[4], pre[5]
+    assert delta.shape == lse2.shape == (3, 8, 128) and delta.dtype == torch.float32  # 100 rows padded to 128
+    assert torch.equal(pre[3], dlse) if with_dlse else (pre[3].shape == lse.shape and not pre[3].any())
+    dq_acc = main[6]
+    assert dq_acc.shape == (3, 8, 128, 128) and dq_acc.dtype == torch.float32 and not dq_acc.any()
+    assert main[4] is delta and main[5] is lse2 and main[7] is dk and main[8] is dv
+    assert post == (dq_acc, dq)
+    assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dq.dtype == torch.float16
+
+
+def test_sm90_is_compiled_as_sm90a():
+    assert programs.hopper_target({"kind": "cuda", "arch": "sm_90"}) == {"kind": "cuda", "arch": "sm_90a"}
+    assert programs.hopper_target({"kind": "cuda", "arch": "sm_90a"})["arch"] == "sm_90a"
+
+
+# -- the compile tier ---------------------------------------------------------------------------
+
+COMPILE = """
+import torch
+from tileops.kernels.cuda.attention import policy, programs
+from tileops.ops.attention import AttentionCall
+target = {"kind": "cuda", "arch": "sm_90"}
+device = torch.device("cuda", 0)
+# One build per program kind: the forward (GQA 32/8, D 128, causal, bf16), the backward's main
+# kernel at D 256 (split columns, window, fp16, bhsd) and D 128, and its two row kernels.
+fwd = AttentionCall(device, torch.bfloat16, 128, 32, 8, True, None, 128 ** -0.5, "bshd")
+wide = AttentionCall(device, torch.float16, 256, 8, 8, False, 64, 0.0625, "bhsd")
+for name, build in [
+    ("forward", lambda: programs.compile_forward(fwd, target, **policy.forward_config(128))),
+    ("bwd_main", lambda: programs.compile_bwd_main(fwd, target, **policy.backward_config(128))),
+    ("bwd_main_split", lambda: programs.compile_bwd_main(wide, target, **policy.backward_config(256))),
+    ("bwd_pre", lambda: programs.compile_bwd_pre(wide, target, **policy.ROWS_KERNEL)),
+    ("bwd_post", lambda: programs.compile_bwd_post(fwd, target, **policy.ROWS_KERNEL)),
+]:
+    source = build().get_kernel_source()
+    print(name, "wgmma_" in source, "tma_load" in source, "AtomicAdd" in source)
+"""
+
+
+@pytest.mark.compile
+def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_path):
+    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line.split() and line.split()[0].startswith(("forward", "bwd"))]
+    # name, wgmma, TMA loads, atomics
+    assert lines == [
+        ["forward", "True", "True", "False"],
+        ["bwd_main", "True", "True", "True"],
+        ["bwd_main_split", "True", "True", "True"],
+        ["bwd_pre", "False", "False", "False"],
+        ["bwd_post", "False", "False", "False"],
+    ], result.stdout[-3000:]
