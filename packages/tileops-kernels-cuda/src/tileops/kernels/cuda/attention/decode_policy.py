@@ -1,0 +1,101 @@
+"""Decode attention's launch policy: which calls the TileLang kernels take, their tiling, and how
+many splits of the cache a call runs, from the shape and the GPU's facts (pure Python: no tilelang).
+
+The kernel is bound by reading the caches: its blocks load a tile of keys and values, then
+compute on it, so a streaming multiprocessor keeps the memory system busy by holding several
+blocks at once, each waiting on its loads while another computes. The split count is chosen to
+give the GPU about as many blocks as it holds at once: ``B * Hkv`` blocks serve a call unsplit,
+and each split multiplies them, up to one full wave of the resident blocks (``resident_blocks``),
+never past a wave (a second, partial wave would run at a fraction of the machine). A split must
+read enough of the cache to pay for its fixed cost (loading q, writing a partial result in
+float32 and reading it back in the merge): ``min_split_positions`` keeps that cost under a
+sixteenth of the split's KV bytes. The count depends on the caches' capacity, not on the lengths
+(which are on the device): the same call shape always launches the same grid, as a captured
+CUDA graph needs, and a split past a short sequence's length exits at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DTYPES = (torch.float16, torch.bfloat16)
+#: Head sizes the kernels take: multiples of the MMA's 16-wide K step, up to 256 (a block's
+#: tiles of 256-wide rows still leave room for two blocks per multiprocessor).
+HEAD_DIM_STEP = 16
+MAX_HEAD_DIM = 256
+#: Positions per tile: 64 rows of keys and of values, 16 KiB each at D = 128 in 16-bit types.
+BLOCK_N = 64
+#: Four warps: each takes a quarter of a tile's columns in the GEMMs.
+THREADS = 128
+#: What one multiprocessor holds on sm_80 and sm_90 (sm_86 and sm_89 hold 1536 threads: the
+#: register budget below binds first there): threads, and 32-bit registers.
+MAX_THREADS_PER_SM = 2048
+REGISTERS_PER_SM = 65536
+#: Registers a thread needs besides its share of the accumulators (addresses, loop state, the
+#: row statistics, the loads in flight): an estimate the compiler is then held to (the kernel
+#: declares the blocks per multiprocessor it is launched for).
+BASE_REGISTERS = 48
+#: A split's fixed cost is at most this fraction of the KV bytes it reads.
+SPLIT_OVERHEAD_FRACTION = 1 / 16
+#: The most query rows a block serves (G * S: the GQA group times the new tokens): 64 keeps a
+#: thread's accumulators at D = 256 within its registers, and covers GQA groups of 8 with the 8
+#: tokens a speculative step proposes; longer calls are prefill's.
+MAX_ROWS = 64
+
+
+def refusal(dtype: torch.dtype, heads_q: int, heads_kv: int, head_dim: int, new_tokens: int) -> str | None:
+    """Why the TileLang kernels do not take a call, or None when they do."""
+    if dtype not in DTYPES:
+        return f"takes float16 and bfloat16, not {dtype} (the plain-torch implementation serves it)"
+    if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
+        return f"takes head sizes that are multiples of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM}, not {head_dim}"
+    rows = heads_q // heads_kv * new_tokens
+    if rows > MAX_ROWS:
+        return (
+            f"takes at most {MAX_ROWS} query rows per kv head (Hq / Hkv * S), not {rows}: a prefill-sized call "
+            "is the prefill kernel's"
+        )
+    return None
+
+
+def block_rows(heads_q: int, heads_kv: int, new_tokens: int) -> int:
+    """The GEMMs' M dimension: the G * S rows of a block, padded to a multiple of 16."""
+    rows = heads_q // heads_kv * new_tokens
+    return max(16, -(-rows // 16) * 16)
+
+
+def shared_bytes(block_m: int, head_dim: int, itemsize: int, block_n: int = BLOCK_N) -> int:
+    """Shared memory of one block: q, a key tile, a value tile and the probabilities."""
+    return itemsize * (block_m * head_dim + 2 * block_n * head_dim + block_m * block_n)
+
+
+def blocks_per_sm(block_m: int, head_dim: int, itemsize: int, shared_per_sm: int, threads: int = THREADS) -> int:
+    """Blocks one multiprocessor holds at once: as many as its shared memory (1 KiB reserved per
+    block), thread slots and registers allow; the registers a thread needs are its float32
+    accumulators (o and the scores of a tile) plus ``BASE_REGISTERS``, in steps of 8."""
+    by_shared = shared_per_sm // (shared_bytes(block_m, head_dim, itemsize) + 1024)
+    accumulators = (block_m * head_dim + 2 * block_m * BLOCK_N) // threads
+    registers = -(-(accumulators + BASE_REGISTERS) // 8) * 8
+    by_registers = REGISTERS_PER_SM // (threads * registers)
+    return max(1, min(by_shared, MAX_THREADS_PER_SM // threads, by_registers))
+
+
+def min_split_positions(heads_q: int, heads_kv: int, head_dim: int, new_tokens: int, itemsize: int) -> int:
+    """The fewest cache positions a split reads: its fixed bytes (q loaded; o and lse written in
+    float32 and read back by the merge) at most ``SPLIT_OVERHEAD_FRACTION`` of its KV bytes."""
+    rows = heads_q // heads_kv * new_tokens
+    fixed = rows * head_dim * itemsize + 2 * rows * (head_dim + 1) * 4
+    per_position = 2 * head_dim * itemsize
+    return max(BLOCK_N, math.ceil(fixed / SPLIT_OVERHEAD_FRACTION / per_position))
+
+
+def splits(batch: int, heads_kv: int, capacity: int, resident: int, min_positions: int) -> int:
+    """The split count of a call: up to a full wave of ``resident`` blocks, each split reading at
+    least ``min_positions`` of the ``capacity`` positions; 1 (unsplit) when ``batch * heads_kv``
+    blocks already fill the wave or the cache is too short to share."""
+    base = max(batch * heads_kv, 1)
+    by_wave = resident // base
+    by_length = capacity // min_positions
+    return max(1, min(by_wave, by_length))

@@ -1,0 +1,89 @@
+"""Decode attention in plain torch: the CPU implementation, and the fallback on CUDA for the calls
+the TileLang kernels refuse (float32 and float64, head sizes they do not take).
+
+The math is the interface's (``decode_interfaces``), written as the manifest's reference writes
+it: the pages of a paged cache gathered into each sequence's positions, the scores of every
+position computed and the positions a row does not see masked out, in float32 (float64 for
+float64 inputs), rounded once. It reads no length on the host, so a CUDA call is captured in a
+graph like the TileLang kernels' calls; its memory grows with the batch times the cache length,
+which suits a reference and a fallback, not serving.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileops.core import Kernel
+
+from .decode_interfaces import DecodeAttentionCall, DecodeAttentionFwdInterface
+
+
+def sequence_caches(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor | None, batch: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's keys and values as (B, capacity, Hkv, D): the first B rows of contiguous
+    caches, or the pages of a paged pool in the order of ``block_table`` (entries clamped to the
+    pool)."""
+    if block_table is None:
+        return k_cache[:batch], v_cache[:batch]
+    pages = block_table.long().clamp(0, max(k_cache.shape[0] - 1, 0))
+    return k_cache[pages].flatten(1, 2), v_cache[pages].flatten(1, 2)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of the interface's math (see ``decode_interfaces``)."""
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    batch, new, heads_q, _ = q.shape
+    heads_kv = k_cache.shape[2]
+    keys, values = sequence_caches(k_cache, v_cache, block_table, batch)
+    lengths = cache_seqlens.long().clamp(0, keys.shape[1])[:, None, None]  # (B, 1, 1)
+    positions = torch.arange(keys.shape[1], device=q.device)
+    seen = positions < lengths  # (B, 1, capacity)
+    if causal:
+        last = lengths - new + torch.arange(new, device=q.device)[:, None]  # (B, S, 1)
+        seen = seen & (positions <= last)
+    seen = seen.expand(batch, new, keys.shape[1])[:, None, None]  # (B, 1, 1, S, capacity)
+    grouped = q.to(wide).unflatten(2, (heads_kv, heads_q // heads_kv))  # (B, S, Hkv, G, D)
+    scores = torch.einsum("bshgd,blhd->bhgsl", grouped, keys.to(wide)) * scale
+    scores = scores.masked_fill(~seen, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    weights = torch.where(seen, torch.exp(scores - lse[..., None]), 0.0)
+    o = torch.einsum("bhgsl,blhd->bshgd", weights, values.to(wide)).flatten(2, 3)
+    return o.to(q.dtype), lse.flatten(1, 2).float()
+
+
+class TorchDecodeAttention(Kernel, DecodeAttentionFwdInterface):
+    """Every CPU call; ``general``, so that any narrower implementation a backend adds beats it."""
+
+    devices = frozenset({"cpu"})
+    general = True
+
+    def __init__(self, scale: float, causal: bool) -> None:
+        super().__init__()
+        self.scale, self.causal = scale, causal
+
+    @classmethod
+    def entry_for(cls, call: DecodeAttentionCall):
+        return (call.scale, call.causal), lambda: cls(call.scale, call.causal)
+
+    @torch.no_grad()
+    def forward(self, q, k_cache, v_cache, cache_seqlens, block_table):
+        return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, self.scale, self.causal)
+
+
+class TorchDecodeAttentionCuda(TorchDecodeAttention):
+    """The same math on CUDA: ``general``, so it serves only the calls the TileLang kernels refuse."""
+
+    devices = frozenset({"cuda"})
+
+
+#: Key -> class, the in-tree implementations of this package.
+IMPLEMENTATIONS = {"torch_cpu": TorchDecodeAttention, "torch_cuda": TorchDecodeAttentionCuda}

@@ -1,0 +1,63 @@
+"""Decode attention's kernel interface and call spec: the contract every implementation of
+``DecodeAttentionFwdOp`` (in-tree or a backend's) is written against.
+
+Kernels see the op's inputs as the call path hands them: contiguous ``q`` (B, S, Hq, D), caches
+``k_cache`` and ``v_cache`` (N, L, Hkv, D), ``cache_seqlens`` (B,) int32 and, for a paged cache,
+``block_table`` (B, MP) int32 (None for a contiguous one), all on the call's device. The math,
+for sequence b, new token s and query head h reading kv head h // (Hq / Hkv)::
+
+    n      = clamp(cache_seqlens[b], 0, capacity)      capacity: L, or MP * L when paged
+    seen   = positions p < n, and p <= n - S + s when causal
+    scores = scale * q[b, s, h] . k[b, p]              over the seen positions p
+    lse    = log(sum(exp(scores)))                     -inf where nothing is seen
+    o      = sum(exp(scores - lse) * v[b, p])          0 where nothing is seen
+
+where k[b, p] is ``k_cache[b, p]`` contiguous, and ``k_cache[block_table[b, p // L], p % L]``
+paged (the entry clamped to [0, N)). No implementation may read the lengths on the host: a
+call is captured in CUDA graphs whose replays change ``cache_seqlens``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import torch
+
+from tileops.core import CallSpec, KernelInterface
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeAttentionCall(CallSpec):
+    """The facts of one decode-attention call that select and build its kernel.
+
+    ``page_size`` is the caches' second dimension when the call is paged and 0 when it is not;
+    ``scale`` is the value used (1 / sqrt(head_dim) where the op's param is None). The batch,
+    the cache's length and the page count are not part of the spec, so that the next decode
+    step, another batch or a longer cache reuses the kernel built.
+    """
+
+    dtype: torch.dtype
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    new_tokens: int
+    page_size: int
+    scale: float
+    causal: bool
+
+
+class DecodeAttentionFwdInterface(KernelInterface):
+    call_spec = DecodeAttentionCall
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        block_table: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(o, lse)``: o of q's shape and dtype, lse (B, Hq, S) float32, computed as the
+        module docstring says, without reading ``cache_seqlens`` or ``block_table`` on the host."""
