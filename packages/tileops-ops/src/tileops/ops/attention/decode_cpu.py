@@ -2,8 +2,8 @@
 the TileLang kernels refuse (float32 and float64, head sizes they do not take).
 
 The math is the interface's (``decode_interfaces``), written as the manifest's reference writes
-it: the pages of a paged cache gathered into each sequence's positions, the scores of every
-position computed and the positions a row does not see masked out, in float32 (float64 for
+it: the pages of a paged cache gathered into each sequence's positions, the cache past each
+length zeroed, the scores of every position computed and the positions a row does not see masked out, in float32 (float64 for
 float64 inputs), rounded once. It reads no length on the host, so a CUDA call is captured in a
 graph like the TileLang kernels' calls; its memory grows with the batch times the cache length,
 which suits a reference and a fallback, not serving.
@@ -47,6 +47,10 @@ def decode_attention(
     lengths = cache_seqlens.long().clamp(0, keys.shape[1])[:, None, None]  # (B, 1, 1)
     positions = torch.arange(keys.shape[1], device=q.device)
     seen = positions < lengths  # (B, 1, capacity)
+    # The cache past a sequence's length is not read: whatever it holds (NaN from torch.empty)
+    # must not reach a score or the output through a zero weight.
+    held = seen[:, 0, :, None, None]
+    keys, values = torch.where(held, keys, 0), torch.where(held, values, 0)
     if causal:
         last = lengths - new + torch.arange(new, device=q.device)[:, None]  # (B, S, 1)
         seen = seen & (positions <= last)

@@ -26,20 +26,26 @@ from . import decode_policy as policy
 from . import decode_programs as programs
 
 
+def multiprocessors(device_index: int) -> tuple[int, int]:
+    """(multiprocessor count, shared memory per multiprocessor in bytes) of a CUDA device."""
+    properties = torch.cuda.get_device_properties(device_index)
+    return properties.multi_processor_count, properties.shared_memory_per_multiprocessor
+
+
 class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
     """Split-KV flash decoding for one (dtype, heads, head size, new tokens, page size, scale,
-    causality, device): float16 and bfloat16, head sizes in multiples of 16 up to 256."""
+    causality, device): float16 and bfloat16, head sizes in multiples of 32 up to 256."""
 
     def __init__(self, call: DecodeAttentionCall) -> None:
         super().__init__()
         self.call = call
         self.device = call.device
         self._device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
-        properties = torch.cuda.get_device_properties(self._device_index)
+        sm_count, shared_per_sm = multiprocessors(self._device_index)
         itemsize = call.dtype.itemsize
         block_m = policy.block_rows(call.heads_q, call.heads_kv, call.new_tokens)
-        per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, properties.shared_memory_per_multiprocessor)
-        self._resident = properties.multi_processor_count * per_sm
+        per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, shared_per_sm)
+        self._resident = sm_count * per_sm
         self._min_positions = policy.min_split_positions(
             call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, itemsize
         )

@@ -21,9 +21,10 @@ import math
 import torch
 
 DTYPES = (torch.float16, torch.bfloat16)
-#: Head sizes the kernels take: multiples of the MMA's 16-wide K step, up to 256 (a block's
-#: tiles of 256-wide rows still leave room for two blocks per multiprocessor).
-HEAD_DIM_STEP = 16
+#: Head sizes the kernels take: multiples of 32, since the four warps split the head's columns
+#: in the P V GEMM and each takes whole 8-column MMA tiles; up to 256 (a block's tiles of
+#: 256-wide rows still leave room for two blocks per multiprocessor).
+HEAD_DIM_STEP = 32
 MAX_HEAD_DIM = 256
 #: Positions per tile: 64 rows of keys and of values, 16 KiB each at D = 128 in 16-bit types.
 BLOCK_N = 64

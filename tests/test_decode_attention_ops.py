@@ -1,0 +1,246 @@
+"""DecodeAttentionFwdOp on the CPU: every small manifest workload against the reference; against
+an explicit scaled-dot-product attention per sequence (contiguous and paged caches with pages of
+16 and 256, GQA and MQA, one and several new tokens, causal or not, lengths of 0, 1, a tile's
+multiple and not); what clamping the lengths and the block table means; garbage past the lengths;
+a q sliced from a fused qkv projection; the call spec; torch.compile; bad calls.
+
+``make_call`` and ``per_sequence_reference`` serve the GPU tier too (``test_decode_attention_gpu``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tileops.backend import OpArgumentError
+from tileops.ops import FAMILIES, DecodeAttentionFwdOp
+from tileops.ops.attention import DecodeAttentionFwdInterface
+from tileops.testing import check_workload, workload_cases
+
+#: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
+CPU_ELEMENTS = 1 << 22
+
+CASES = [
+    case for case in workload_cases(FAMILIES["attention"])
+    if case.op_class is DecodeAttentionFwdOp and case.elements <= CPU_ELEMENTS
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_small_workload_matches_the_reference(case):
+    op = case.op_class(**case.workload.params)
+    check_workload(op, case.workload, case.dtype, "cpu")
+
+
+# -- the explicit reference ------------------------------------------------------------------------
+
+
+def make_call(
+    lengths, new_tokens, heads_q, heads_kv, head_dim, *, page_size=None, dtype=torch.float32, device="cpu",
+    capacity=None, garbage=float("nan"), seed=0,
+):
+    """(q, k_cache, v_cache, cache_seqlens, block_table) of a decode call: B = len(lengths)
+    sequences. Contiguous caches (page_size None) hold ``capacity`` positions (default: the
+    longest length plus 5); a paged pool holds each sequence's pages at shuffled places, with
+    spare pages and unused block-table entries. Every cache position past its sequence's length
+    (and every spare page) holds ``garbage``."""
+    generator = torch.Generator().manual_seed(seed)
+    batch = len(lengths)
+
+    def normal(*shape):
+        return torch.randn(shape, generator=generator).to(dtype)
+
+    q = normal(batch, new_tokens, heads_q, head_dim)
+    if page_size is None:
+        capacity = max(lengths, default=0) + 5 if capacity is None else capacity
+        k_cache, v_cache = normal(batch, capacity, heads_kv, head_dim), normal(batch, capacity, heads_kv, head_dim)
+        for b, n in enumerate(lengths):
+            k_cache[b, n:] = garbage
+            v_cache[b, n:] = garbage
+        block_table = None
+    else:
+        max_pages = max(math.ceil(n / page_size) for n in lengths) + 1
+        pool = batch * max_pages + 3
+        order = torch.randperm(pool, generator=generator)
+        k_cache = torch.full((pool, page_size, heads_kv, head_dim), garbage).to(dtype)
+        v_cache = torch.full((pool, page_size, heads_kv, head_dim), garbage).to(dtype)
+        block_table = torch.full((batch, max_pages), 7 * pool, dtype=torch.int32)  # unused entries: out of the pool
+        for b, n in enumerate(lengths):
+            pages = order[b * max_pages: b * max_pages + math.ceil(n / page_size)]
+            block_table[b, : len(pages)] = pages.int()
+            keys, values = normal(n, heads_kv, head_dim), normal(n, heads_kv, head_dim)
+            for i, page in enumerate(pages.tolist()):
+                rows = slice(i * page_size, min((i + 1) * page_size, n))
+                k_cache[page, : rows.stop - rows.start] = keys[rows]
+                v_cache[page, : rows.stop - rows.start] = values[rows]
+        block_table = block_table.to(device)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    return q.to(device), k_cache.to(device), v_cache.to(device), seqlens, block_table
+
+
+def per_sequence_reference(q, k_cache, v_cache, lengths, block_table, *, scale=None, causal=True):
+    """(o, lse) in float64, one sequence at a time: its first ``lengths[b]`` positions gathered
+    (through the block table where paged) and handed to ``F.scaled_dot_product_attention`` with
+    the new tokens' causal mask; the log-sum-exp written out; a row that sees nothing is 0, -inf."""
+    batch, new, heads_q, head_dim = q.shape
+    heads_kv = k_cache.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    outs, lses = [], []
+    for b, n in enumerate(lengths):
+        if block_table is None:
+            keys, values = k_cache[b, :n], v_cache[b, :n]
+        else:
+            pages = block_table[b, : math.ceil(n / k_cache.shape[1])].long().cpu()
+            keys, values = k_cache.cpu()[pages].flatten(0, 1)[:n], v_cache.cpu()[pages].flatten(0, 1)[:n]
+        keys = keys.cpu().double().repeat_interleave(heads_q // heads_kv, 1).transpose(0, 1)  # (Hq, n, D)
+        values = values.cpu().double().repeat_interleave(heads_q // heads_kv, 1).transpose(0, 1)
+        query = q[b].cpu().double().transpose(0, 1)  # (Hq, S, D)
+        positions = torch.arange(n)
+        seen = (positions <= n - new + torch.arange(new)[:, None]) if causal else torch.ones(new, n, dtype=torch.bool)
+        empty = ~seen.any(-1)  # (S,)
+        o = F.scaled_dot_product_attention(query, keys, values, attn_mask=seen, scale=scale)
+        o = torch.where(empty[:, None], 0.0, o)
+        scores = (query @ keys.transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
+        outs.append(o.transpose(0, 1))
+        lses.append(torch.logsumexp(scores, -1))
+    return torch.stack(outs), torch.stack(lses)
+
+
+def assert_matches(o, lse, reference, tolerance):
+    """o within ``tolerance`` of the reference, lse too or within float32's rounding (lse is float32)."""
+    o_ref, lse_ref = reference
+    torch.testing.assert_close(o.cpu().double(), o_ref, atol=tolerance, rtol=tolerance)
+    lse_tolerance = max(tolerance, 1e-6)
+    torch.testing.assert_close(lse.cpu().double(), lse_ref, atol=lse_tolerance, rtol=lse_tolerance)
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 256], ids=lambda p: "contiguous" if p is None else f"paged-{p}")
+@pytest.mark.parametrize(("heads_q", "heads_kv", "new_tokens"), [(8, 2, 1), (8, 2, 3), (4, 1, 2), (6, 6, 1)], ids=str)
+def test_matches_sdpa_per_sequence(page_size, heads_q, heads_kv, new_tokens):
+    lengths = [0, 1, 2, 64, 300, 513]
+    call = make_call(lengths, new_tokens, heads_q, heads_kv, 32, page_size=page_size)
+    o, lse = DecodeAttentionFwdOp()(*call)
+    assert o.shape == call[0].shape and lse.shape == (len(lengths), heads_q, new_tokens) and lse.dtype == torch.float32
+    assert_matches(o, lse, per_sequence_reference(*call[:3], lengths, call[4]), 1e-5)
+
+
+def test_without_causal_every_new_token_sees_the_whole_sequence_and_the_scale_is_applied():
+    lengths = [1, 5, 70]
+    call = make_call(lengths, 3, 4, 2, 16)
+    o, lse = DecodeAttentionFwdOp(scale=0.3, causal=False)(*call)
+    assert_matches(o, lse, per_sequence_reference(*call[:3], lengths, None, scale=0.3, causal=False), 1e-5)
+
+
+def test_a_row_that_sees_nothing_is_zero_with_lse_minus_infinity():
+    # Sequence 0 is empty; in sequence 1 (length 2) the first of 3 new tokens sees no position.
+    call = make_call([0, 2], 3, 2, 1, 16)
+    o, lse = DecodeAttentionFwdOp()(*call)
+    assert torch.equal(o[0], torch.zeros_like(o[0])) and torch.equal(o[1, 0], torch.zeros_like(o[1, 0]))
+    assert torch.isneginf(lse[0]).all() and torch.isneginf(lse[1, :, 0]).all() and torch.isfinite(lse[1, :, 1:]).all()
+
+
+def test_float64_and_16_bit_calls():
+    lengths = [3, 40]
+    for dtype, tolerance in [(torch.float64, 1e-10), (torch.bfloat16, 1.6e-2), (torch.float16, 2e-3)]:
+        call = make_call(lengths, 2, 4, 2, 32, dtype=dtype, garbage=0.0)
+        o, lse = DecodeAttentionFwdOp()(*call)
+        assert o.dtype == dtype and lse.dtype == torch.float32
+        assert_matches(o, lse, per_sequence_reference(*call[:3], lengths, None), tolerance)
+
+
+def test_lengths_are_clamped_to_the_capacity_and_block_table_entries_to_the_pool():
+    q, k_cache, v_cache, _, _ = make_call([10, 10], 1, 4, 2, 16, capacity=10)
+    op = DecodeAttentionFwdOp()
+    full = op(q, k_cache, v_cache, torch.tensor([10, 10], dtype=torch.int32))
+    clamped = op(q, k_cache, v_cache, torch.tensor([11, 1 << 30], dtype=torch.int32))
+    assert all(torch.equal(a, b) for a, b in zip(full, clamped))
+    empty = op(q, k_cache, v_cache, torch.tensor([-3, 0], dtype=torch.int32))
+    assert torch.equal(empty[0], torch.zeros_like(q)) and torch.isneginf(empty[1]).all()
+    # Paged: capacity MP * page_size; an entry past the pool reads its last page.
+    q, k_cache, v_cache, _, _ = make_call([32], 1, 4, 2, 16, page_size=16)
+    table = torch.tensor([[0, k_cache.shape[0] + 5]], dtype=torch.int32)
+    reference_table = torch.tensor([[0, k_cache.shape[0] - 1]], dtype=torch.int32)
+    got = op(q, k_cache.nan_to_num(), v_cache.nan_to_num(), torch.tensor([1000], dtype=torch.int32), table)
+    want = op(q, k_cache.nan_to_num(), v_cache.nan_to_num(), torch.tensor([32], dtype=torch.int32), reference_table)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_q_sliced_from_a_fused_qkv_projection_gives_the_same_result():
+    heads_q, heads_kv, dim = 8, 2, 32
+    lengths = [7, 90]
+    _, k_cache, v_cache, seqlens, _ = make_call(lengths, 2, heads_q, heads_kv, dim)
+    qkv = torch.randn(2, 2, (heads_q + 2 * heads_kv) * dim)
+    q = qkv[..., : heads_q * dim].unflatten(-1, (heads_q, dim))
+    assert not q.is_contiguous()
+    op = DecodeAttentionFwdOp()
+    got = op(q, k_cache, v_cache, seqlens)
+    want = op(q.contiguous(), k_cache, v_cache, seqlens)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_keyword_calls_and_the_call_spec():
+    call = make_call([5], 1, 4, 2, 16, page_size=16)
+    op = DecodeAttentionFwdOp()
+    o, lse = op(call[0], call[1], call[2], cache_seqlens=call[3], block_table=call[4])
+    assert_matches(o, lse, per_sequence_reference(*call[:3], [5], call[4]), 1e-5)
+    from tileops.core.tensor_description import TensorDescription
+
+    def described(tensor):
+        return TensorDescription(torch.device("cuda", 0), torch.bfloat16, tuple(tensor.shape), 0)
+
+    inputs = {name: described(t) for name, t in zip(("q", "k_cache", "v_cache", "cache_seqlens", "block_table"), call)}
+    spec = op.call_specs(torch.device("cuda", 0), inputs)[DecodeAttentionFwdInterface]
+    assert (spec.heads_q, spec.heads_kv, spec.head_dim, spec.new_tokens, spec.page_size) == (4, 2, 16, 1, 16)
+    assert spec.scale == 0.25 and spec.causal is True
+    del inputs["block_table"]
+    assert DecodeAttentionFwdOp(scale=0.5).call_specs(torch.device("cuda", 0), inputs)[DecodeAttentionFwdInterface].page_size == 0
+
+
+def test_compiles_in_one_graph():
+    op = DecodeAttentionFwdOp()
+    call = make_call([3, 17], 1, 4, 2, 16, garbage=0.0)
+    compiled = torch.compile(lambda *args: op(*args), fullgraph=True, backend="aot_eager")
+    got = compiled(*call)
+    want = op(*call)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# -- bad calls -------------------------------------------------------------------------------------
+
+
+def _call(**changes):
+    q, k_cache, v_cache, seqlens, _ = make_call([4, 4], 1, 4, 2, 16, garbage=0.0)
+    arguments = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": seqlens}
+    arguments.update(changes)
+    return arguments
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"q": torch.randn(2, 1, 3, 16)}, "query heads Hq must be a multiple of the kv heads Hkv"),
+        ({"k_cache": torch.randn(1, 9, 2, 16), "v_cache": torch.randn(1, 9, 2, 16)}, "N >= B"),
+        ({"k_cache": torch.randn(2, 9, 2, 8), "v_cache": torch.randn(2, 9, 2, 8)}, "argument 'k_cache' expected shape [N, L, Hkv, D]"),
+        ({"v_cache": torch.randn(2, 8, 2, 16)}, "argument 'v_cache' must have the shape of 'k_cache' (2, 9, 2, 16), got (2, 8, 2, 16)"),
+        ({"cache_seqlens": torch.tensor([4, 4])}, "argument 'cache_seqlens' expected dtype int32, got torch.int64"),
+        ({"cache_seqlens": torch.tensor([4], dtype=torch.int32)}, "argument 'cache_seqlens' expected shape [B]"),
+        ({"block_table": torch.zeros(2, 1)}, "argument 'block_table' expected dtype int32"),
+        ({"block_table": torch.zeros(3, 1, dtype=torch.int32)}, "argument 'block_table' expected shape [B, MP]"),
+        ({"k_cache": torch.randn(2, 9, 2, 16, dtype=torch.float64)}, "argument 'k_cache' must have the dtype of 'q' (torch.float32), got torch.float64"),
+    ],
+    ids=["gqa", "rows", "head-size", "v-shape", "seqlens-dtype", "seqlens-shape", "table-dtype", "table-shape", "cache-dtype"],
+)
+def test_bad_calls_name_the_argument_what_was_expected_and_what_came(changes, message):
+    with pytest.raises(OpArgumentError, match="^DecodeAttentionFwdOp: ") as error:
+        DecodeAttentionFwdOp()(**_call(**changes))
+    assert message in str(error.value)
+
+
+def test_a_missing_cache_seqlens_is_refused():
+    arguments = _call()
+    del arguments["cache_seqlens"]
+    with pytest.raises(OpArgumentError, match="cache_seqlens"):
+        DecodeAttentionFwdOp()(**arguments)

@@ -1,0 +1,155 @@
+"""Decode attention's TileLang kernels without a GPU: the launch policy (which calls they take, the
+blocks a multiprocessor holds, the split rule), the kernel class on CPU tensors with its programs
+replaced (which launches a call makes, with which tensors), and the compile tier (each kernel
+kind compiled for sm_90 in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import run_python
+from tileops.kernels.cuda.attention import decode as kernels
+from tileops.kernels.cuda.attention import decode_policy as policy
+from tileops.ops.attention import DecodeAttentionCall
+
+CUDA = torch.device("cuda", 0)
+H200 = (132, 228 * 1024)  # multiprocessors, shared memory per multiprocessor
+
+
+def test_the_kernels_take_16_bit_calls_with_head_sizes_in_multiples_of_32_up_to_256_and_64_rows():
+    assert policy.refusal(torch.bfloat16, 32, 8, 128, 1) is None
+    assert policy.refusal(torch.float16, 64, 8, 256, 8) is None
+    assert "float16 and bfloat16" in policy.refusal(torch.float32, 32, 8, 128, 1)
+    assert "not 80" in policy.refusal(torch.bfloat16, 32, 8, 80, 1)
+    assert "not 512" in policy.refusal(torch.bfloat16, 32, 8, 512, 1)
+    assert "not 128" in policy.refusal(torch.bfloat16, 64, 8, 128, 16)  # 8 heads x 16 tokens: prefill's
+    assert [policy.block_rows(hq, hkv, s) for hq, hkv, s in [(32, 8, 1), (64, 8, 1), (64, 8, 3), (8, 8, 1)]] == [16, 16, 32, 16]
+
+
+def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
+    # D = 128, 16 rows: 38 KiB of shared memory (5 blocks in 228 KiB), 80 registers a thread (6).
+    assert policy.shared_bytes(16, 128, 2) == 38912
+    assert policy.blocks_per_sm(16, 128, 2, H200[1]) == 5
+    # D = 256: 74 KiB, 3 blocks; 64 rows of D = 64: 32 KiB, but registers bind (144 a thread, 3 blocks).
+    assert policy.blocks_per_sm(16, 256, 2, H200[1]) == 3
+    assert policy.shared_bytes(64, 64, 2) == 32768 and policy.blocks_per_sm(64, 64, 2, H200[1]) == 3
+
+
+def test_splits_fill_one_wave_of_resident_blocks_and_no_more():
+    resident = H200[0] * 5
+    shortest = policy.min_split_positions(32, 8, 128, 1, 2)
+    assert shortest == 161  # q and the partial o, lse of 4 rows: 5 KiB, a sixteenth of 161 positions' KV
+    # One sequence of 32k: 8 kv heads x 82 splits = 656 blocks of the 660 the GPU holds.
+    assert policy.splits(1, 8, 32768, resident, shortest) == 82
+    assert policy.splits(32, 8, 4096, resident, shortest) == 2
+    # B * Hkv fills the wave: unsplit; a short cache is not cut below the shortest split.
+    assert policy.splits(128, 8, 4096, resident, shortest) == 1
+    assert policy.splits(1, 8, 1024, resident, shortest) == 1024 // 161
+    assert policy.splits(1, 8, 100, resident, shortest) == 1
+    for batch in (1, 3, 7, 32, 64, 256):
+        for capacity in (1, 1000, 4096, 131072):
+            count = policy.splits(batch, 8, capacity, resident, shortest)
+            assert count >= 1 and (count == 1 or batch * 8 * count <= resident)
+
+
+# -- the kernel class on CPU tensors ---------------------------------------------------------------
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Kernels built for cuda:0 of an H200's facts with their programs replaced, so that the
+    production forward runs on CPU tensors; the list of (program, tensors) launched."""
+    from tileops.kernels.cuda.attention import decode_programs as programs
+
+    launched = []
+
+    def compiled(name):
+        return lambda *args, **config: (name, config.get("split"))
+
+    def recorder(kernel):
+        name, split = kernel
+        label = name if split is None else f"{name}-{'split' if split else 'whole'}"
+        return lambda *tensors: launched.append((label, tensors))
+
+    monkeypatch.setattr(programs, "compile_attend", compiled("attend"))
+    monkeypatch.setattr(programs, "compile_merge", compiled("merge"))
+    monkeypatch.setattr(kernels, "entry_function", recorder)
+    monkeypatch.setattr(kernels, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setattr(kernels, "multiprocessors", lambda index: H200)
+    monkeypatch.setattr(kernels, "current_device_index", lambda: 0)
+    return launched
+
+
+def _call(page_size=0, new_tokens=1):
+    return DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 128, new_tokens, page_size, 128**-0.5, True)
+
+
+def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
+    kernel = kernels.TileLangDecodeAttention(_call())
+    assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 5}
+    q, k = torch.randn(1, 1, 32, 128).bfloat16(), torch.randn(1, 32768, 8, 128).bfloat16()
+    seqlens = torch.tensor([20000], dtype=torch.int32)
+    o, lse = kernel.forward(q, k, k, seqlens, None)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (1, 32, 1) and lse.dtype == torch.float32
+    (attend, attended), (merge, merged) = launches
+    assert attend == "attend-split" and merge == "merge"
+    assert attended[:4] == (q, k, k, seqlens)
+    o_part, lse_part = attended[4:]
+    assert o_part.shape == (82, 1, 1, 32, 128) and lse_part.shape == (82, 1, 32, 1) and o_part.dtype == torch.float32
+    assert merged[0] is o_part and merged[1] is lse_part and merged[2] is o and merged[3] is lse
+
+
+def test_a_batch_that_fills_the_gpu_runs_unsplit_and_a_paged_call_passes_its_block_table(launches):
+    kernel = kernels.TileLangDecodeAttention(_call(page_size=16))
+    q, pool = torch.randn(128, 1, 32, 128).bfloat16(), torch.randn(128 * 256, 16, 8, 128).bfloat16()
+    seqlens, table = torch.full((128,), 4096, dtype=torch.int32), torch.zeros(128, 256, dtype=torch.int32)
+    o, lse = kernel.forward(q, pool, pool, seqlens, table)
+    ((attend, tensors),) = launches
+    assert attend == "attend-whole" and tensors[:5] == (q, pool, pool, seqlens, table)
+    assert tensors[5] is o and tensors[6] is lse
+    # The split count of a call shape is kept: the same grid whatever the lengths are.
+    assert kernel.splits_for(1, 4096) == policy.splits(1, 8, 4096, 660, 161) == kernel.splits_for(1, 4096)
+
+
+def test_refusals_leave_float32_and_odd_head_sizes_to_the_plain_torch_implementation():
+    assert kernels.TileLangDecodeAttention.refusal(_call()) is None
+    odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True)
+    wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True)
+    assert "not 80" in kernels.TileLangDecodeAttention.refusal(odd)
+    assert "float32" in kernels.TileLangDecodeAttention.refusal(wide)
+
+
+# -- the compile tier ----------------------------------------------------------------------------
+
+COMPILE = """
+import torch
+from tileops.kernels.cuda.attention import decode_programs as programs
+target = {"kind": "cuda", "arch": "sm_90"}
+# One build per kind: attend over a contiguous cache (split), attend over a paged one (unsplit,
+# pages of 16, several causal new tokens, another dtype and head size), and the merge.
+builds = [
+    ("attend", programs.compile_attend(torch.bfloat16, 32, 8, 128, 1, 0, 128**-0.5, True, target,
+                                       split=True, block_n=64, threads=128, blocks_per_sm=5)),
+    ("attend_paged", programs.compile_attend(torch.float16, 64, 8, 64, 3, 16, 0.125, True, target,
+                                             split=False, block_n=64, threads=128, blocks_per_sm=3)),
+    ("merge", programs.compile_merge(torch.bfloat16, 32, 128, 1, target)),
+]
+for name, kernel in builds:
+    source = kernel.get_kernel_source()
+    body = source[source.index("__launch_bounds__"):]
+    print(name, body[:body.index(")") + 1], "mma_sync" in body, "block_table" in body, "exp2f" in body)
+"""
+
+
+@pytest.mark.compile
+def test_each_kernel_kind_compiles_for_sm90(tmp_path):
+    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line.split()[:1] in (["attend"], ["attend_paged"], ["merge"])]
+    # name, launch bounds (threads, blocks per multiprocessor), tensor-core MMAs, block table, exp2
+    assert lines == [
+        ["attend", "__launch_bounds__(128,", "5)", "True", "False", "True"],
+        ["attend_paged", "__launch_bounds__(128,", "3)", "True", "True", "True"],
+        ["merge", "__launch_bounds__(128,", "1)", "False", "False", "True"],
+    ], result.stdout[-3000:]
