@@ -244,3 +244,74 @@ def test_a_missing_cache_seqlens_is_refused():
     del arguments["cache_seqlens"]
     with pytest.raises(OpArgumentError, match="cache_seqlens"):
         DecodeAttentionFwdOp()(**arguments)
+
+
+# -- the bench peers ---------------------------------------------------------------------------------
+
+
+def test_the_peer_table_names_the_op_and_callables_as_module_attribute():
+    from tileops.ops.attention import decode_peers
+
+    assert list(decode_peers.DECODE_PEERS) == ["DecodeAttentionFwdOp"]
+    columns = decode_peers.DECODE_PEERS["DecodeAttentionFwdOp"]
+    assert list(columns) == ["SDPA flash", "SDPA cuDNN", "flash-attn", "FlashInfer"]
+    assert all(reference.count(":") == 1 and callable(adapter) for reference, adapter in columns.values())
+
+
+def _peer(column):
+    from tileops.ops.attention.decode_peers import DECODE_PEERS
+
+    return DECODE_PEERS["DecodeAttentionFwdOp"][column][1]
+
+
+def _inputs(lengths, page_size=None, new_tokens=1):
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+    call = make_call(lengths, new_tokens, 8, 2, 32, page_size=page_size, garbage=0.0)
+    return {name: tensor for name, tensor in zip(names, call) if tensor is not None}
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged-16"])
+@pytest.mark.parametrize("lengths", [[40, 40], [3, 40]], ids=["equal", "unequal"])
+def test_the_sdpa_adapter_computes_the_op_with_sdpa_on_the_caches_heads_first(page_size, lengths):
+    inputs = _inputs(lengths, page_size)
+    call = _peer("SDPA flash")(F.scaled_dot_product_attention, inputs, {"scale": None, "causal": True})
+    o, _ = DecodeAttentionFwdOp()(*inputs.values())
+    torch.testing.assert_close(call(), o, atol=1e-5, rtol=1e-5)
+    refused = _peer("SDPA cuDNN")(F.scaled_dot_product_attention, _inputs([5], new_tokens=2), {"causal": True})
+    assert refused == "aligns causal masking to the top left; the op's new tokens are bottom-right aligned"
+
+
+def test_the_flash_attn_adapter_passes_the_call_as_flash_attn_with_kvcache_takes_it():
+    calls = []
+    inputs = _inputs([3, 40], 256)
+    call = _peer("flash-attn")(lambda *args, **options: calls.append((args, options)), inputs, {"scale": 0.1, "causal": True})
+    call()
+    ((args, options),) = calls
+    assert args == (inputs["q"], inputs["k_cache"], inputs["v_cache"])
+    assert options["cache_seqlens"] is inputs["cache_seqlens"] and options["block_table"] is inputs["block_table"]
+    assert options["softmax_scale"] == 0.1 and options["causal"] and options["return_softmax_lse"]
+    assert "multiple of 256" in _peer("flash-attn")(None, _inputs([3], 16), {})
+
+
+def test_the_flashinfer_adapter_plans_the_page_table_of_the_block_table_and_lengths():
+    planned = []
+
+    class Wrapper:
+        def __init__(self, workspace, layout, use_tensor_cores):
+            assert layout == "NHD" and use_tensor_cores
+
+        def plan(self, indptr, indices, last_page_len, *sizes, **options):
+            planned.append((indptr.tolist(), indices.tolist(), last_page_len.tolist(), sizes))
+
+        def run(self, q, caches, return_lse):
+            return q, q[..., 0]
+
+    inputs = _inputs([3, 40], 16)
+    call = _peer("FlashInfer")(Wrapper, inputs, {})
+    table = inputs["block_table"]
+    ((indptr, indices, last, sizes),) = planned
+    assert indptr == [0, 1, 4] and indices == [table[0, 0].item(), *table[1, :3].tolist()] and last == [3, 8]
+    assert sizes == (8, 2, 32, 16)
+    o, lse = call()
+    assert o.shape == inputs["q"].shape
+    assert "one new token" in _peer("FlashInfer")(Wrapper, _inputs([5], new_tokens=2), {})
