@@ -30,11 +30,11 @@ def _selected(op, dtype, head_dim, heads_q=32, heads_kv=8, arch=90):
 def test_hopper_calls_of_16_bit_dtypes_and_served_head_sizes_take_tilelang(op_class):
     for head_dim in policy.HEAD_DIMS:
         assert _selected(op_class(causal=True), torch.bfloat16, head_dim) == "tilelang"
-        assert _selected(op_class(window=128, layout="bhsd"), torch.float16, head_dim, 16, 16) == "tilelang"
-    assert _selected(op_class(), torch.bfloat16, 96) == "torch"  # a head size the kernels do not take
-    assert _selected(op_class(), torch.float32, 128) == "torch"
-    assert _selected(op_class(), torch.float64, 128) == "torch"
-    assert _selected(op_class(), torch.bfloat16, 128, arch=80) == "torch"  # no wgmma before Hopper
+        assert _selected(op_class(window=128, qkv_layout="bhsd"), torch.float16, head_dim, 16, 16) == "tilelang"
+    assert _selected(op_class(), torch.bfloat16, 96) == "torch_cuda"  # a head size the kernels do not take
+    assert _selected(op_class(), torch.float32, 128) == "torch_cuda"
+    assert _selected(op_class(), torch.float64, 128) == "torch_cuda"
+    assert _selected(op_class(), torch.bfloat16, 128, arch=80) == "torch_cuda"  # no wgmma before Hopper
 
 
 def test_the_refusals_say_what_the_kernels_take():
@@ -86,7 +86,7 @@ def _kernel(op, interface, dtype, head_dim, heads_q, heads_kv):
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_the_forward_kernel_allocates_o_like_q_and_a_float32_lse(launches, layout):
-    kernel = _kernel(AttentionFwdOp(layout=layout), AttentionFwdInterface, torch.bfloat16, 64, 4, 2)
+    kernel = _kernel(AttentionFwdOp(qkv_layout=layout), AttentionFwdInterface, torch.bfloat16, 64, 4, 2)
     shape = (2, 100, 4, 64) if layout == "bshd" else (2, 4, 100, 64)
     kv_shape = (2, 70, 2, 64) if layout == "bshd" else (2, 2, 70, 64)
     q, k, v = torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(kv_shape, dtype=torch.bfloat16), torch.zeros(kv_shape, dtype=torch.bfloat16)

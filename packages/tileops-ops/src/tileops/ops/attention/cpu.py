@@ -87,7 +87,7 @@ class _Grouped:
 
 
 class _TorchAttention(Kernel):
-    devices = frozenset({"cpu", "cuda"})
+    devices = frozenset({"cpu"})
     general = True
 
     def __init__(self, call: AttentionCall) -> None:
@@ -156,8 +156,18 @@ class TorchAttentionBwd(_TorchAttention, AttentionBwdInterface):
         return g.back(dq, dtype), g.back(dk.unsqueeze(2), dtype), g.back(dv.unsqueeze(2), dtype)
 
 
-#: key -> class per interface: plain torch on the CPU and on CUDA.
+class _OnCuda:
+    """Mixed into a CPU implementation: the same computation on CUDA, for the dtypes, head sizes
+    and architectures the TileLang kernels do not take."""
+
+    devices = frozenset({"cuda"})
+
+
+#: key -> class per interface: plain torch on the CPU, and the same on CUDA.
 IMPLEMENTATIONS = {
-    AttentionFwdInterface: {"torch": TorchAttention},
-    AttentionBwdInterface: {"torch": TorchAttentionBwd},
+    interface: {
+        "torch_cpu": cpu_class,
+        "torch_cuda": type(cpu_class.__name__ + "Cuda", (_OnCuda, cpu_class), {"__module__": __name__}),
+    }
+    for interface, cpu_class in ((AttentionFwdInterface, TorchAttention), (AttentionBwdInterface, TorchAttentionBwd))
 }

@@ -20,7 +20,7 @@ import torch
 
 from tileops.core import CallSpec, KernelInterface
 
-#: The layouts an implementation is called with, as the ``layout`` param names them.
+#: The layouts an implementation is called with, as the ops' ``qkv_layout`` param names them.
 LAYOUTS = ("bshd", "bhsd")
 
 

@@ -1,6 +1,6 @@
 """``AttentionFwdOp`` and its backward op ``AttentionBwdOp``.
 
-Each op reads the call's heads and head size from q and k in the layout its param names,
+Each op reads the call's heads and head size from q and k in the layout its ``qkv_layout`` names,
 builds the call spec (the scale resolved to 1 / sqrt(D) where none was given) and runs the
 implementation selection picks, on contiguous tensors (the call path copies a strided q, k or v,
 such as slices of a fused qkv projection). Calls with an empty sequence are answered here
@@ -34,19 +34,19 @@ class _AttentionOp(Op):
         causal: bool = False,
         window: int | None = None,
         scale: float | None = None,
-        layout: str = "bshd",
+        qkv_layout: str = "bshd",
         target: str | None = None,
     ) -> None:
-        super().__init__(causal=causal, window=window, scale=scale, layout=layout, target=target)
+        super().__init__(causal=causal, window=window, scale=scale, qkv_layout=qkv_layout, target=target)
         #: The sequence and head dimensions of q, k and v in this op's layout.
-        self._seq_dim, self._head_dim = (1, 2) if self.params["layout"] == "bshd" else (2, 1)
+        self._seq_dim, self._head_dim = (1, 2) if self.params["qkv_layout"] == "bshd" else (2, 1)
 
     def call_spec(self, interface, device, dtype, head_dim, heads_q, heads_kv):
         """The call spec of ``kernel_for(interface, device, dtype, head_dim, heads_q, heads_kv)``:
         the masking, scale and layout are the instance's."""
         p = self.params
         scale = p["scale"] if p["scale"] is not None else 1.0 / math.sqrt(head_dim)
-        return interface.call_spec(device, dtype, head_dim, heads_q, heads_kv, p["causal"], p["window"], scale, p["layout"])
+        return interface.call_spec(device, dtype, head_dim, heads_q, heads_kv, p["causal"], p["window"], scale, p["qkv_layout"])
 
     def _facts(self, q, k) -> tuple:
         """(dtype, D, H_q, H_kv) of a call (tensors, or descriptions of them)."""
@@ -64,7 +64,7 @@ class _AttentionOp(Op):
 
 class AttentionFwdOp(_AttentionOp):
     """Scaled dot-product attention as an op: ``op(q, k, v) -> (o, lse)``, with
-    ``causal``, ``window``, ``scale`` and ``layout`` given at construction."""
+    ``causal``, ``window``, ``scale`` and ``qkv_layout`` given at construction."""
 
     kernel_interfaces = (AttentionFwdInterface,)
     in_tree_kernels = {AttentionFwdInterface: IMPLEMENTATIONS[AttentionFwdInterface]}
@@ -75,10 +75,10 @@ class AttentionFwdOp(_AttentionOp):
         causal: bool = False,
         window: int | None = None,
         scale: float | None = None,
-        layout: str = "bshd",
+        qkv_layout: str = "bshd",
         target: str | None = None,
     ) -> None:
-        super().__init__(causal=causal, window=window, scale=scale, layout=layout, target=target)
+        super().__init__(causal=causal, window=window, scale=scale, qkv_layout=qkv_layout, target=target)
 
     def forward(self, q, k, v):
         if k.shape[self._seq_dim] == 0:  # no key to attend to: every row is empty
@@ -100,10 +100,10 @@ class AttentionBwdOp(_AttentionOp):
         causal: bool = False,
         window: int | None = None,
         scale: float | None = None,
-        layout: str = "bshd",
+        qkv_layout: str = "bshd",
         target: str | None = None,
     ) -> None:
-        super().__init__(causal=causal, window=window, scale=scale, layout=layout, target=target)
+        super().__init__(causal=causal, window=window, scale=scale, qkv_layout=qkv_layout, target=target)
 
     def forward(self, do, q, k, v, o, lse, dlse):
         if q.shape[self._seq_dim] == 0 or k.shape[self._seq_dim] == 0:  # nothing attends: zero gradients

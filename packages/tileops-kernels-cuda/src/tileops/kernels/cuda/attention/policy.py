@@ -38,8 +38,9 @@ SMEM_BYTES = 227 * 1024
 _ELEMENT = 2  # bytes of a float16 or bfloat16 element
 _THREADS = 256  # two consumer warpgroups
 _WGMMA_ROWS = 64  # a wgmma's M per warpgroup
-#: Per-step tiles of the helper kernels (delta, the dQ cast): 64 rows of 128 threads.
-ROWS_KERNEL = {"block_m": 64, "threads": 128}
+#: The row kernels of the backward (delta, the dQ cast): 64 rows per block over 256 threads, so
+#: that a (64, 256) float32 tile is 64 registers a thread and two of them fit without spilling.
+ROWS_KERNEL = {"block_m": 64, "threads": 256}
 
 
 def refusal(dtype: torch.dtype, head_dim: int) -> str | None:
