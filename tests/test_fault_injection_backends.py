@@ -95,11 +95,19 @@ _checks = {
         op(_r[:, 0], None, _x, _t, torch.logsumexp(_x, -1)), _vjp(lambda t: _F.cross_entropy(t, _t, reduction="none"), _x, _r[:, 0])[1]),
     "LinearCrossEntropyBwdOp": lambda op: torch.testing.assert_close(
         op(torch.tensor(1.0), _x, _r, None, _t)[0], _vjp(lambda h: _F.cross_entropy(h @ _r.T, _t), _x)[1]),
+    # Attention with q = k = v = _x as (1 sequence, 3 tokens, 1 head, 8) against F's, and dv for do = _r.
+    "AttentionFwdOp": lambda op: torch.testing.assert_close(
+        op(_x[None, :, None], _x[None, :, None], _x[None, :, None])[0][0, :, 0], _F.scaled_dot_product_attention(_x, _x, _x)),
+    "AttentionBwdOp": lambda op: torch.testing.assert_close(
+        op(_r[None, :, None], *[_x[None, :, None]] * 3, _F.scaled_dot_product_attention(_x, _x, _x)[None, :, None],
+           torch.logsumexp(_x @ _x.T / 8 ** 0.5, -1)[None, None])[2][0, :, 0],
+        _vjp(lambda v: _F.scaled_dot_product_attention(_x, _x, v), _x, _r)[1]),
 }
 # The ops that take no param are constructed without one; the others with 8 (normalized_shape,
 # the rope ops' rotary_dim) or 4 (the packed activations' half width d, of rows of 8).
 _NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp"}
 _NO_PARAM |= {name for name in _checks if "CrossEntropy" in name}  # the loss ops: every param defaults
+_NO_PARAM |= {"AttentionFwdOp", "AttentionBwdOp"}  # every param keyword-only with a default
 _construct = lambda name: _classes[name](target="builtin") if name in _NO_PARAM else _classes[name](4 if name.startswith("Packed") else 8, target="builtin")  # noqa: E731
 _classes = {c.__name__: c for cs in _FAMILIES.values() for c in cs}
 assert sorted(_classes) == sorted(_checks), "an op was added: give it a check here"
