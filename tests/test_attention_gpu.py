@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tileops.ops.attention import AttentionBwdOp, AttentionFwdInterface, AttentionFwdOp
+from tileops.ops.attention import AttentionBwdInterface, AttentionBwdOp, AttentionFwdInterface, AttentionFwdOp
 from tileops.testing import workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -46,37 +47,69 @@ def _served_by_tilelang(dtype, head_dim):
     return _hopper() and dtype in (torch.float16, torch.bfloat16) and head_dim in (64, 128, 256)
 
 
+def _calls():
+    """(params, dtype, D, H_q, H_kv) of every call the tests below make."""
+    for case in FORWARD_CASES + BACKWARD_CASES:
+        params = case.workload.params
+        q, k = case.workload.shapes["q"], case.workload.shapes["k"]
+        heads = 2 if params.get("qkv_layout", "bshd") == "bshd" else 1
+        yield params, case.dtype, q[3], q[heads], k[heads]
+    for dtype in (torch.bfloat16, torch.float16):
+        for _, _, _, h_q, h_kv, d, params in EDGES:
+            yield params, dtype, d, h_q, h_kv
+        yield {"causal": True}, dtype, 128, 16, 4  # the autograd tests
+    yield {"causal": True}, torch.bfloat16, 128, 32, 8  # fused qkv
+    yield {"causal": True}, torch.bfloat16, 128, 8, 2  # the CUDA graph
+
+
+_BUILD = """
+import torch
+from tileops.kernels.cuda.attention import policy, programs
+from tileops.ops.attention import AttentionCall
+target = {target!r}
+for kind, fields in {jobs}:
+    call = AttentionCall(torch.device("cuda", 0), *fields)
+    if kind == "fwd":
+        programs.compile_forward(call, target, **policy.forward_config(call.head_dim))
+    else:
+        programs.compile_bwd_main(call, target, **policy.backward_config(call.head_dim))
+        programs.compile_bwd_pre(call, target, **policy.ROWS_KERNEL)
+        programs.compile_bwd_post(call, target, **policy.ROWS_KERNEL)
+"""
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _built_in_parallel():
-    """Compile every call spec's programs the workloads need, several at once (TileLang's lowering
-    and nvcc take seconds per program; ``compile_once`` builds distinct identities concurrently),
-    so that the tests then only launch."""
+    """Compile the programs of every call the tests make in several processes at once (TileLang's
+    lowering and nvcc take seconds per program, and hold the interpreter); TileLang's disk cache
+    then hands them to the kernels the tests build, so that the tests only launch."""
     if not _hopper():
         yield
         return
-    from tileops.kernels.cuda.attention import policy, programs
     from tileops.kernels.cuda.device import compile_target
 
     device = torch.device("cuda", torch.cuda.current_device())
-    target = compile_target(device)
-    jobs = []
-    for case in FORWARD_CASES + BACKWARD_CASES:
-        op = case.op_class(**case.workload.params)
-        (interface,) = op.kernel_interfaces
-        first = case.workload.shapes["q"]
-        other = case.workload.shapes["k"]
-        seq_heads = (1, 2) if op.params["qkv_layout"] == "bshd" else (2, 1)
-        call = op.call_spec(interface, device, case.dtype, first[3], first[seq_heads[1]], other[seq_heads[1]])
-        if not _served_by_tilelang(case.dtype, first[3]):
-            continue
-        if interface is AttentionFwdInterface:
-            jobs.append(lambda c=call: programs.compile_forward(c, target, **policy.forward_config(c.head_dim)))
-        else:
-            jobs.append(lambda c=call: programs.compile_bwd_main(c, target, **policy.backward_config(c.head_dim)))
-            jobs.append(lambda c=call: programs.compile_bwd_pre(c, target, **policy.ROWS_KERNEL))
-            jobs.append(lambda c=call: programs.compile_bwd_post(c, target, **policy.ROWS_KERNEL))
-    with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2)) as pool:
-        list(pool.map(lambda job: job(), jobs))
+    calls = set()
+    for params, dtype, head_dim, h_q, h_kv in _calls():
+        if _served_by_tilelang(dtype, head_dim):
+            call = AttentionFwdOp(**params).call_spec(AttentionFwdInterface, device, dtype, head_dim, h_q, h_kv)
+            assert AttentionBwdOp(**params).call_spec(AttentionBwdInterface, device, dtype, head_dim, h_q, h_kv) == call
+            calls.add(call)
+    fields = sorted(
+        (str(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal, c.window, c.scale, c.layout) for c in calls
+    )
+    jobs = [(kind, f) for f in fields for kind in ("bwd", "fwd")]  # the slow builds first
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
+    processes = []
+    for index in range(workers):
+        chunk = ", ".join(
+            f"({kind!r}, ({dtype}, {rest}))" for kind, (dtype, *more) in jobs[index::workers] for rest in [", ".join(map(repr, more))]
+        )
+        code = _BUILD.format(target=compile_target(device), jobs=f"[{chunk}]")
+        processes.append(subprocess.Popen([sys.executable, "-P", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for process in processes:
+        _, err = process.communicate(timeout=1800)
+        assert process.returncode == 0, err[-4000:]
     yield
 
 
