@@ -35,6 +35,7 @@ def test_hopper_calls_of_16_bit_dtypes_and_served_head_sizes_take_tilelang(op_cl
     assert _selected(op_class(), torch.float32, 128) == "torch_cuda"
     assert _selected(op_class(), torch.float64, 128) == "torch_cuda"
     assert _selected(op_class(), torch.bfloat16, 128, arch=80) == "torch_cuda"  # no wgmma before Hopper
+    assert _selected(op_class(), torch.bfloat16, 128, heads_q=0, heads_kv=2) == "torch_cuda"
 
 
 def test_the_refusals_say_what_the_kernels_take():

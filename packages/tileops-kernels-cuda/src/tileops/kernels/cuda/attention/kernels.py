@@ -59,6 +59,8 @@ class _TileLangAttention(TileLangKernel):
 
     @classmethod
     def refusal(cls, call: AttentionCall) -> str | None:
+        if call.heads_q == 0:  # a call without query heads writes only zero dk and dv
+            return "takes at least one query head"
         return policy.refusal(call.dtype, call.head_dim)
 
     def identity(self) -> tuple:
