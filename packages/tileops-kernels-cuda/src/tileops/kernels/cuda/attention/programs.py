@@ -238,7 +238,8 @@ def make_bwd_main(
             dp = T.alloc_fragment([block_n, block_m], acc)
             p_cast = T.alloc_fragment([block_n, block_m], dt)
             ds_cast = T.alloc_fragment([block_n, block_m], dt)
-            p_tile = T.alloc_shared([block_n, block_m], dt)
+            if split_columns:
+                p_tile = T.alloc_shared([block_n, block_m], dt)
             dk = T.alloc_fragment([block_n, head_dim], acc)
             dv = T.alloc_fragment([block_n, head_dim], acc)
             dq = T.alloc_fragment([block_m, head_dim], acc)
