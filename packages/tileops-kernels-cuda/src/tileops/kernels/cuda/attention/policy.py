@@ -15,9 +15,9 @@ multiplied, and that the float32 accumulators fit the registers without spilling
   is the deepest of 2 and 1 that fits (2 for every head size served).
 - Backward, per key block: K and V (block_n rows), dK and dV float32 in registers (2 * block_n * D
   over 256 threads: block_n = 128 up to D = 128, 64 for D = 256), ``block_m`` = 64 query rows per
-  step (Q and dO tiles ``stages`` deep, the dS^T tile, and P^T's where split; counted for both). A key block of fewer than 128
-  rows cannot give each warpgroup 64 rows, so its accumulators are split by columns
-  (``split_columns``).
+  step (Q and dO tiles ``stages`` deep, the dS^T tile, and P^T's where split: counted always).
+  A key block of fewer than 128 rows cannot give each warpgroup 64 rows, so its accumulators
+  are split by columns (``split_columns``).
 
 Head sizes 64, 128 and 256 are served (others by plain torch), bfloat16 and float16. These
 rules were written from the H200's facts and have not been measured yet; ``forward_candidates``
