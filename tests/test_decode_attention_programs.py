@@ -14,7 +14,7 @@ from tileops.kernels.cuda.attention import decode_policy as policy
 from tileops.ops.attention import DecodeAttentionCall
 
 CUDA = torch.device("cuda", 0)
-H200 = (132, 228 * 1024)  # multiprocessors, shared memory per multiprocessor
+H200 = (132, 228 * 1024, 65536, 2048)  # multiprocessors; shared memory, registers, threads of one
 
 
 def test_the_kernels_take_16_bit_calls_with_head_sizes_in_multiples_of_32_up_to_256_and_64_rows():
@@ -34,6 +34,11 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
     # D = 256: 74 KiB, 3 blocks; 64 rows of D = 64: 32 KiB, but registers bind (144 a thread, 3 blocks).
     assert policy.blocks_per_sm(16, 256, 2, H200[1]) == 3
     assert policy.shared_bytes(64, 64, 2) == 32768 and policy.blocks_per_sm(64, 64, 2, H200[1]) == 3
+    # D = 64: 7 by registers (72 a thread); with shared memory and registers to spare, thread
+    # slots bind: 12 blocks of 128 threads on a multiprocessor of 1536 (sm_89), 16 on one of 2048.
+    assert policy.blocks_per_sm(16, 64, 2) == 7
+    assert policy.blocks_per_sm(16, 32, 2, 10**7, 10**7, 1536) == 12
+    assert policy.blocks_per_sm(16, 32, 2, 10**7, 10**7, 2048) == 16
 
 
 def test_splits_fill_one_wave_of_resident_blocks_and_no_more():

@@ -26,10 +26,14 @@ from . import decode_policy as policy
 from . import decode_programs as programs
 
 
-def multiprocessors(device_index: int) -> tuple[int, int]:
-    """(multiprocessor count, shared memory per multiprocessor in bytes) of a CUDA device."""
+def multiprocessors(device_index: int) -> tuple[int, int, int, int]:
+    """A CUDA device's multiprocessor count, and what one multiprocessor holds: shared memory in
+    bytes, 32-bit registers, threads."""
     properties = torch.cuda.get_device_properties(device_index)
-    return properties.multi_processor_count, properties.shared_memory_per_multiprocessor
+    return (
+        properties.multi_processor_count, properties.shared_memory_per_multiprocessor,
+        properties.regs_per_multiprocessor, properties.max_threads_per_multi_processor,
+    )
 
 
 class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
@@ -41,10 +45,10 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         self.call = call
         self.device = call.device
         self._device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
-        sm_count, shared_per_sm = multiprocessors(self._device_index)
+        sm_count, *per_multiprocessor = multiprocessors(self._device_index)
         itemsize = call.dtype.itemsize
         block_m = policy.block_rows(call.heads_q, call.heads_kv, call.new_tokens)
-        per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, shared_per_sm)
+        per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, *per_multiprocessor)
         self._resident = sm_count * per_sm
         self._min_positions = policy.min_split_positions(
             call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, itemsize

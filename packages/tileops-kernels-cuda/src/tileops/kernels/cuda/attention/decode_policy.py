@@ -30,10 +30,11 @@ MAX_HEAD_DIM = 256
 BLOCK_N = 64
 #: Four warps: each takes a quarter of a tile's columns in the GEMMs.
 THREADS = 128
-#: What one multiprocessor holds on sm_80 and sm_90 (sm_86 and sm_89 hold 1536 threads: the
-#: register budget below binds first there): threads, and 32-bit registers.
+#: What one multiprocessor of sm_80 and sm_90 holds: threads, 32-bit registers and shared memory
+#: (the kernel reads its own GPU's from the device's properties; these are the defaults).
 MAX_THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
+SHARED_PER_SM = 228 * 1024
 #: Registers a thread needs besides its share of the accumulators (addresses, loop state, the
 #: row statistics, the loads in flight): an estimate the compiler is then held to (the kernel
 #: declares the blocks per multiprocessor it is launched for).
@@ -72,15 +73,23 @@ def shared_bytes(block_m: int, head_dim: int, itemsize: int, block_n: int = BLOC
     return itemsize * (block_m * head_dim + 2 * block_n * head_dim + block_m * block_n)
 
 
-def blocks_per_sm(block_m: int, head_dim: int, itemsize: int, shared_per_sm: int, threads: int = THREADS) -> int:
+def blocks_per_sm(
+    block_m: int,
+    head_dim: int,
+    itemsize: int,
+    shared_per_sm: int = SHARED_PER_SM,
+    registers_per_sm: int = REGISTERS_PER_SM,
+    threads_per_sm: int = MAX_THREADS_PER_SM,
+    threads: int = THREADS,
+) -> int:
     """Blocks one multiprocessor holds at once: as many as its shared memory (1 KiB reserved per
     block), thread slots and registers allow; the registers a thread needs are its float32
     accumulators (o and the scores of a tile) plus ``BASE_REGISTERS``, in steps of 8."""
     by_shared = shared_per_sm // (shared_bytes(block_m, head_dim, itemsize) + 1024)
     accumulators = (block_m * head_dim + 2 * block_m * BLOCK_N) // threads
     registers = -(-(accumulators + BASE_REGISTERS) // 8) * 8
-    by_registers = REGISTERS_PER_SM // (threads * registers)
-    return max(1, min(by_shared, MAX_THREADS_PER_SM // threads, by_registers))
+    by_registers = registers_per_sm // (threads * registers)
+    return max(1, min(by_shared, threads_per_sm // threads, by_registers))
 
 
 def min_split_positions(heads_q: int, heads_kv: int, head_dim: int, new_tokens: int, itemsize: int) -> int:
