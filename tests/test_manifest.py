@@ -55,7 +55,7 @@ def test_every_shipped_manifest_entry_loads_and_matches_its_op_class():
         ({"signature__inputs__weight__dtype": {"same_as": "z"}}, "signature.inputs.weight.dtype", "names no tensor declared before it"),
         ({"signature__constraints": [{"expr": "eps > limit", "message": "m"}]}, "signature.constraints[0].expr", "undefined name 'limit'"),
         ({"roofline__bytes": "numel(x) * bogus"}, "roofline.bytes", "undefined name 'bogus'"),
-        ({"roofline__flops": "__import__('os')"}, "roofline.flops", "calls something other than abs, itemsize"),
+        ({"roofline__flops": "__import__('os')"}, "roofline.flops", "calls something other than abs, is_floating_point, itemsize"),
         ({"signature__outputs__y__aliases": "x"}, "signature.outputs.y.aliases", "is not written"),
         ({"signature__inputs__x__contiguous": True}, "signature.inputs.x.contiguous", "only written inputs"),
         ({"signature__params__eps__nullable": False}, "signature.params.eps.default", "not nullable"),

@@ -285,7 +285,9 @@ def valid_calls(draw: Callable, op_class: type[Op]) -> GeneratedCall:
             dims[decl.name] = dims[decl.shape_same_as]
         else:
             dims[decl.name] = expand_pattern(decl.shape, params, bindings, decl.name)
-        if decl.dtype_same_as is not None:
+        if decl.dtype_param is not None and params[decl.dtype_param] is not None:
+            dtypes[decl.name] = params[decl.dtype_param]  # an output whose dtype a param chooses
+        elif decl.dtype_same_as is not None:
             dtypes[decl.name] = dtypes[decl.dtype_same_as]
         elif decl in entry.inputs:
             dtypes[decl.name] = draw(st.sampled_from(decl.dtypes))

@@ -112,6 +112,8 @@ class _Writer:
         return "torch.Size(" + (" + ".join(parts) or "()") + ")"
 
     def output_dtype(self, decl: TensorDecl) -> str:
+        if decl.dtype_param is not None and self.params[decl.dtype_param] is not None:
+            return self.constant(self.params[decl.dtype_param])
         return f"_t_{decl.dtype_same_as}" if decl.dtype_same_as else self.constant(decl.dtypes[0])
 
 

@@ -65,6 +65,8 @@ def _param_text(decl: ParamDecl) -> str:
 
 def _tensor_text(decl: TensorDecl) -> str:
     dtype = f"dtype of {decl.dtype_same_as}" if decl.dtypes is None else "|".join(str(d).removeprefix("torch.") for d in decl.dtypes)
+    if decl.dtype_param is not None:
+        dtype = f"{decl.dtype_param} if given, else {dtype}"
     shape = f"shape of {decl.shape_same_as}" if decl.shape is None else f"shape {decl.shape}"
     extras = [text for flag, text in ((decl.optional, "optional"), (decl.written, decl.access)) if flag]
     if decl.out is not None:

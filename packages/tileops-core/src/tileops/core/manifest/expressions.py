@@ -31,7 +31,10 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "abs": abs,
     "prod": lambda values: math.prod(values),
     "numel": lambda tensor: math.prod(tensor.shape),
+    # a tensor's element size, or a dtype param's (an output whose dtype a param chooses)
     "itemsize": lambda tensor: tensor.dtype.itemsize,
+    # whether a dtype param (or a tensor's dtype) is a floating-point one, as torch.dtype says
+    "is_floating_point": lambda value: getattr(value, "dtype", value).is_floating_point,
 }
 
 #: The modules a reference expression may reach through its module names.
@@ -68,7 +71,7 @@ def compile_expression(text: Any, names: Iterable[str], *, attributes: bool = Fa
     """Parse ``text`` and return its code object, refusing unknown names and constructs.
 
     ``attributes`` allows attribute access, any call and ``name := value`` (for reference
-    expressions such as ``torch.nn.functional.softmax(x, dim)``), within the limits the module
+    expressions such as ``torch.nn.functional.logsigmoid(x)``), within the limits the module
     docstring states; ``modules`` maps the names among ``names`` that stand for modules to
     them, so that what is reached through them can be checked. Otherwise only the functions in
     FUNCTIONS.

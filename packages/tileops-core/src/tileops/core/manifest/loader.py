@@ -67,6 +67,9 @@ class TensorDecl:
     #: it (a forward's saved statistics, which random values would contradict); None: random
     derive: str | None = None
     derive_code: Any = None
+    #: outputs: a ``dtype`` param whose value, when not None, is the output's dtype instead of
+    #: ``dtype_same_as``'s (``dtype: {same_as: x, param: NAME}``: a caller asks for wider results)
+    dtype_param: str | None = None
 
     @property
     def written(self) -> bool:
@@ -261,7 +264,10 @@ def _shape_decl(value: Any, where: _Where, earlier: list[str], shape_params: set
         raise where.error(str(error)) from None
 
 
-def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_params: set[str], *, output: bool, inputs: dict) -> TensorDecl:
+def _tensor(
+    name: str, value: Any, where: _Where, earlier: list[str], shape_params: set[str], *, output: bool, inputs: dict,
+    dtype_params: set[str] = frozenset(),
+) -> TensorDecl:
     common = {"dtype", "shape", "doc"}
     allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "access", "derive"})
     aliased = output and isinstance(value, dict) and "aliases" in value
@@ -280,7 +286,19 @@ def _tensor(name: str, value: Any, where: _Where, earlier: list[str], shape_para
                 raise where.at(field).error(f"contradicts aliases: the output is input {target!r}, with its {field}")
         fields.update(dtypes=None, dtype_same_as=target, shape=None, shape_same_as=target, aliases=target)
         return TensorDecl(**fields)
-    fields["dtypes"], fields["dtype_same_as"] = _dtype_decl(spec["dtype"], where.at("dtype"), earlier)
+    dtype_spec = spec["dtype"]
+    if isinstance(dtype_spec, dict) and "param" in dtype_spec:
+        dtype_where = where.at("dtype")
+        if not output:
+            raise dtype_where.error("only an output's dtype can follow a param; an input's dtype is the caller's")
+        param = _str(_mapping(dtype_spec, dtype_where, {"same_as", "param"}, {"same_as", "param"})["param"], dtype_where.at("param"))
+        if param not in dtype_params:
+            raise dtype_where.at("param").error(
+                f"{shown(param)} names no param of type dtype (dtype params: {', '.join(sorted(dtype_params)) or 'none'})"
+            )
+        fields["dtype_param"] = param
+        dtype_spec = {"same_as": dtype_spec["same_as"]}
+    fields["dtypes"], fields["dtype_same_as"] = _dtype_decl(dtype_spec, where.at("dtype"), earlier)
     fields["shape"], fields["shape_same_as"] = _shape_decl(spec["shape"], where.at("shape"), earlier, shape_params)
     if output:
         if "out" in spec:
@@ -413,7 +431,10 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
     for name, v in _names(sig["outputs"] or {}, where.at("signature.outputs")).items():
         if name in inputs:
             raise where.at(f"signature.outputs.{name}").error("an output cannot share an input's name; use aliases")
-        outputs[name] = _tensor(name, v, where.at(f"signature.outputs.{name}"), list(inputs), shape_params, output=True, inputs=inputs)
+        outputs[name] = _tensor(
+            name, v, where.at(f"signature.outputs.{name}"), list(inputs), shape_params, output=True, inputs=inputs,
+            dtype_params={p.name for p in params if p.type == "dtype"},
+        )
     if not outputs:
         raise where.at("signature.outputs").error("an op needs at least one output")
     clash = sorted({t.out for t in outputs.values() if t.out} & (set(inputs) | {p.name for p in params}))

@@ -400,7 +400,9 @@ class Signature:
                 shapes.append(tuple(source.shape))
             else:
                 shapes.append(decl.shape.expand(lambda name: given(name, dims, params)))
-            if decl.dtype_same_as is not None:
+            if decl.dtype_param is not None and params[decl.dtype_param] is not None:
+                dtypes.append(params[decl.dtype_param])
+            elif decl.dtype_same_as is not None:
                 dtypes.append(values[self._input_index[decl.dtype_same_as]].dtype)
             else:
                 dtypes.append(decl.dtypes[0])

@@ -1,0 +1,505 @@
+"""TileLang programs of the softmax kernels (CUDA), forward and backward, and their compilation.
+
+Every program works on (m, n) rows, m symbolic (one compiled program serves every row count; row
+indices are 64-bit, so m * n may pass 2**31), n, the dtypes and the function compile-time
+constants. Forward: y = softmax(x) or log_softmax(x) per row, in ``out_dtype``, each row
+accumulated in float32 (x is rounded to ``out_dtype`` first where that is not wider, as torch
+converts it). Backward: dx = y * (dy - sum(dy * y)) or dy - exp(y) * sum(dy), in dy's dtype.
+
+Variants (``make_program``'s ``variant``):
+
+* ``register``: ``tpr`` threads per row, ``rows`` rows per block; each thread holds its slice
+  of the row in registers, so the row is read once: a max and a sum reduction (one sum
+  backward), then the write.
+* ``streamed``: one block per row (or per chunk of a row, below); pass 1 reads the row keeping a
+  running max and a running sum rescaled to it (the online softmax), the block combines the
+  threads' pairs, pass 2 reads the row again and writes. Pass 1 loads "evict last" and pass 2
+  "evict first" (16-byte accesses on sm_80 and later), so the second read comes from L2.
+* the split row: the same two passes in two launches over (row, chunk) blocks, so that a few
+  long rows still fill every SM. ``phase="partial"`` writes each chunk's (max, sum) to a float32
+  workspace of (m, chunks, 2); ``phase="finish"`` combines a row's pairs and writes its chunk.
+  ``phase="whole"`` is the one-launch streamed program.
+
+An access is ``vec`` elements: 16 bytes where the call is aligned, else 1 (any length and
+alignment). Kernel call convention (positional, caller-allocated outputs)::
+
+    forward   kernel(x, y)            [split: partial(x, ws), finish(x, ws, y)]
+    backward  kernel(dy, y, dx)       [split: partial(dy, y, ws), finish(dy, y, ws, dx)]
+
+Importing this module does not import tilelang; building a program does.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
+
+import math
+
+import torch
+
+from ..compile import compile_once
+
+_TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+KINDS = ("forward", "backward")
+VARIANTS = ("register", "streamed")
+PHASES = ("whole", "partial", "finish")
+MAX_THREADS = 1024
+
+
+def vector_width(dtype: torch.dtype, aligned: bool) -> int:
+    """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
+    return 16 // dtype.itemsize if aligned else 1
+
+
+def rounds_input(dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+    """Whether x is rounded to ``out_dtype`` before the math: torch converts x to the requested
+    dtype first, which changes values only where that dtype is not wider."""
+    return out_dtype != dtype and out_dtype.itemsize <= dtype.itemsize
+
+
+def make_program(
+    kind: str,
+    n: int,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    log: bool,
+    *,
+    variant: str,
+    vec: int,
+    threads: int,
+    rows: int = 1,
+    unroll: int = 4,
+    chunks: int = 1,
+    phase: str = "whole",
+    cache_priorities: bool = True,
+):
+    """The TileLang PrimFunc of one configuration (see the module and ``policy.launch_config``).
+
+    threads: threads per block; rows (register): rows per block, each of ``threads // rows``
+    threads (a power of two); unroll (streamed): accesses in flight per thread and step;
+    chunks (streamed): chunks per row of the split phases; cache_priorities: whether the streamed
+    passes may load with eviction priorities (PTX of sm_80 and later).
+    """
+    if kind not in KINDS or variant not in VARIANTS or phase not in PHASES:
+        raise ValueError(f"unknown kind {kind!r}, variant {variant!r} or phase {phase!r}")
+    if kind == "backward" and out_dtype != dtype:
+        raise ValueError(f"the backward writes dx in dy's dtype: out_dtype {out_dtype} must be {dtype}")
+    tpr = threads // rows
+    if n < 1 or n % vec or tpr & (tpr - 1) or tpr * rows != threads or threads > MAX_THREADS:
+        raise ValueError(f"bad launch configuration vec={vec} threads={threads} rows={rows} for n={n}")
+    if variant == "register" and phase != "whole":
+        raise ValueError("the register variant has one phase")
+    if phase == "whole" and chunks != 1:
+        raise ValueError(f"the one-launch program covers a whole row: chunks must be 1, got {chunks}")
+    import tilelang.language as T
+
+    dt, odt, f32 = _TL_DTYPES[dtype], _TL_DTYPES[out_dtype], "float32"
+    backward = kind == "backward"
+    rounded = rounds_input(dtype, out_dtype)
+    lanes = T.vectorized if vec > 1 else T.serial
+    nv = n // vec  # accesses per row
+    warps = max(1, tpr // 32)  # warps per row
+    neg_inf = -T.infinity(f32)
+    m = T.dynamic("m", "int64")
+
+    def value(element):
+        """An input element as float32, rounded to out_dtype first where torch would round it."""
+        if rounded:
+            return T.cast(T.cast(element, odt), f32)
+        return T.cast(element, f32)
+
+    def rescale(old, new):
+        # exp(old - new), exactly 1 where they are equal (both -inf or both +inf included).
+        return T.if_then_else(old == new, T.float32(1.0), T.exp(old - new))
+
+    def shift_of(peak):
+        # The max subtracted before exp: 0 where the row holds only -inf, whose terms are then 0.
+        return T.if_then_else(peak == neg_inf, T.float32(0.0), peak)
+
+    @T.macro
+    def reduce(stat, i, maximum, red, tx):
+        """stat[i] reduced (max or sum) over the threads of each row; every thread gets it."""
+        if tpr <= 32:
+            for off in [1 << k for k in reversed(range(tpr.bit_length() - 1))]:
+                if maximum:
+                    stat[i] = T.max(stat[i], T.shfl_xor(stat[i], off))
+                else:
+                    stat[i] = stat[i] + T.shfl_xor(stat[i], off)
+        else:
+            stat[i] = T.warp_reduce_max(stat[i]) if maximum else T.warp_reduce_sum(stat[i])
+            if tx % 32 == 0:
+                red[i * (threads // 32) + tx // 32] = stat[i]
+            T.sync_threads()
+            stat[i] = red[i * (threads // 32) + (tx // tpr) * warps]
+            for k in range(1, warps):
+                if maximum:
+                    stat[i] = T.max(stat[i], red[i * (threads // 32) + (tx // tpr) * warps + k])
+                else:
+                    stat[i] = stat[i] + red[i * (threads // 32) + (tx // tpr) * warps + k]
+
+    def forward_value(v, stat):
+        """y of one element from its float32 value and the row's (max, sum, log-sum) in stat."""
+        if log:
+            return (v - shift_of(stat[0])) - stat[2]
+        return T.exp(v - shift_of(stat[0])) * stat[2]
+
+    @T.macro
+    def finish_statistics(stat):
+        # stat[2]: 1 / sum for softmax, log(sum) for log-softmax, computed once per thread.
+        if log:
+            stat[2] = T.log(stat[1])
+        else:
+            stat[2] = T.float32(1.0) / stat[1]
+
+    if variant == "register":
+        iters = math.ceil(nv / tpr)  # accesses per thread
+
+        def row_index(bx, tx):
+            return T.cast(bx, "int64") * rows + tx // tpr
+
+        if not backward:
+
+            @T.prim_func
+            def main(x: T.Tensor((m, n), dt), y: T.Tensor((m, n), odt)):
+                with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+                    tx = T.get_thread_binding()
+                    lane = tx % tpr
+                    row = row_index(bx, tx)
+                    # Threads past the last row read a valid one (they join the barriers) and store nothing.
+                    src = T.min(row, m - 1)
+                    buf = T.alloc_local((iters * vec,), dt)
+                    out = T.alloc_local((vec,), odt)
+                    stat = T.alloc_local((3,), f32)
+                    red = T.alloc_shared((2 * max(1, threads // 32),), f32)
+                    for it in T.unroll(iters):
+                        if it * tpr + lane < nv:
+                            for v in lanes(vec):
+                                buf[it * vec + v] = x[src, (it * tpr + lane) * vec + v]
+                    stat[0] = neg_inf
+                    for it in T.unroll(iters):
+                        if it * tpr + lane < nv:
+                            for v in T.unroll(vec):
+                                stat[0] = T.max(stat[0], value(buf[it * vec + v]))
+                    reduce(stat, 0, True, red, tx)
+                    stat[1] = T.float32(0.0)
+                    for it in T.unroll(iters):
+                        if it * tpr + lane < nv:
+                            for v in T.unroll(vec):
+                                stat[1] = stat[1] + T.exp(value(buf[it * vec + v]) - shift_of(stat[0]))
+                    reduce(stat, 1, False, red, tx)
+                    finish_statistics(stat)
+                    if row < m:
+                        for it in T.unroll(iters):
+                            if it * tpr + lane < nv:
+                                for v in T.unroll(vec):
+                                    out[v] = T.cast(forward_value(value(buf[it * vec + v]), stat), odt)
+                                for v in lanes(vec):
+                                    y[row, (it * tpr + lane) * vec + v] = out[v]
+
+            return main
+
+        @T.prim_func
+        def main(dy: T.Tensor((m, n), dt), y: T.Tensor((m, n), dt), dx: T.Tensor((m, n), dt)):
+            with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+                tx = T.get_thread_binding()
+                lane = tx % tpr
+                row = row_index(bx, tx)
+                src = T.min(row, m - 1)
+                gbuf = T.alloc_local((iters * vec,), dt)
+                ybuf = T.alloc_local((iters * vec,), dt)
+                out = T.alloc_local((vec,), dt)
+                stat = T.alloc_local((3,), f32)
+                red = T.alloc_shared((2 * max(1, threads // 32),), f32)
+                for it in T.unroll(iters):
+                    if it * tpr + lane < nv:
+                        for v in lanes(vec):
+                            gbuf[it * vec + v] = dy[src, (it * tpr + lane) * vec + v]
+                        for v in lanes(vec):
+                            ybuf[it * vec + v] = y[src, (it * tpr + lane) * vec + v]
+                stat[1] = T.float32(0.0)
+                for it in T.unroll(iters):
+                    if it * tpr + lane < nv:
+                        for v in T.unroll(vec):
+                            if log:
+                                stat[1] = stat[1] + T.cast(gbuf[it * vec + v], f32)
+                            else:
+                                stat[1] = stat[1] + T.cast(gbuf[it * vec + v], f32) * T.cast(ybuf[it * vec + v], f32)
+                reduce(stat, 1, False, red, tx)
+                if row < m:
+                    for it in T.unroll(iters):
+                        if it * tpr + lane < nv:
+                            for v in T.unroll(vec):
+                                out[v] = T.cast(_gradient(T, log, gbuf[it * vec + v], ybuf[it * vec + v], stat[1]), dt)
+                            for v in lanes(vec):
+                                dx[row, (it * tpr + lane) * vec + v] = out[v]
+
+        return main
+
+    # -- streamed: one block per row (phase "whole") or per (row, chunk) (the split phases) --------
+    per_chunk = math.ceil(nv / chunks)  # accesses per chunk
+    steps = math.ceil(per_chunk / (threads * unroll))
+    hinted = cache_priorities and vec * dtype.itemsize == 16
+
+    @T.macro
+    def load(dst, di, src, row, col, priority):
+        if hinted:
+            T.call_extern("handle", f"tileops_softmax_load_{priority}", T.address_of(dst[di]), T.address_of(src[row, col]))
+        else:
+            for v in lanes(vec):
+                dst[di + v] = src[row, col + v]
+
+    def access(chunk, st, u, tx):
+        return chunk * per_chunk + (st * unroll + u) * threads + tx
+
+    def in_chunk(chunk, st, u, tx):
+        local = (st * unroll + u) * threads + tx
+        if chunks == 1:
+            return local < nv
+        return T.And(local < per_chunk, chunk * per_chunk + local < nv)
+
+    @T.macro
+    def block_statistics(stat, red, tx):
+        """Every thread's (running max, rescaled sum) in stat[0:2] made the block's."""
+        stat[2] = stat[0]
+        reduce(stat, 0, True, red, tx)
+        stat[1] = stat[1] * rescale(stat[2], stat[0])
+        reduce(stat, 1, False, red, tx)
+
+    @T.macro
+    def forward_pass1(x, row, chunk, tx, buf, stat, red):
+        stat[0] = neg_inf
+        stat[1] = T.float32(0.0)
+        for st in T.serial(steps):
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    load(buf, u * vec, x, row, access(chunk, st, u, tx) * vec, "evict_last")
+            stat[2] = stat[0]
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    for v in T.unroll(vec):
+                        stat[2] = T.max(stat[2], value(buf[u * vec + v]))
+            stat[1] = stat[1] * rescale(stat[0], stat[2])
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    for v in T.unroll(vec):
+                        stat[1] = stat[1] + T.exp(value(buf[u * vec + v]) - shift_of(stat[2]))
+            stat[0] = stat[2]
+        block_statistics(stat, red, tx)
+
+    @T.macro
+    def forward_pass2(x, y, row, chunk, tx, buf, out, stat):
+        finish_statistics(stat)
+        for st in T.serial(steps):
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    load(buf, u * vec, x, row, access(chunk, st, u, tx) * vec, "evict_first")
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    for v in T.unroll(vec):
+                        out[v] = T.cast(forward_value(value(buf[u * vec + v]), stat), odt)
+                    for v in lanes(vec):
+                        y[row, access(chunk, st, u, tx) * vec + v] = out[v]
+
+    @T.macro
+    def backward_pass1(dy, y, row, chunk, tx, gbuf, ybuf, stat, red):
+        stat[1] = T.float32(0.0)
+        for st in T.serial(steps):
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    load(gbuf, u * vec, dy, row, access(chunk, st, u, tx) * vec, "evict_last")
+                    if not log:
+                        load(ybuf, u * vec, y, row, access(chunk, st, u, tx) * vec, "evict_last")
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    for v in T.unroll(vec):
+                        if log:
+                            stat[1] = stat[1] + T.cast(gbuf[u * vec + v], f32)
+                        else:
+                            stat[1] = stat[1] + T.cast(gbuf[u * vec + v], f32) * T.cast(ybuf[u * vec + v], f32)
+        reduce(stat, 1, False, red, tx)
+
+    @T.macro
+    def backward_pass2(dy, y, dx, row, chunk, tx, gbuf, ybuf, out, stat):
+        for st in T.serial(steps):
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    load(gbuf, u * vec, dy, row, access(chunk, st, u, tx) * vec, "evict_first")
+                    load(ybuf, u * vec, y, row, access(chunk, st, u, tx) * vec, "evict_first")
+            for u in T.unroll(unroll):
+                if in_chunk(chunk, st, u, tx):
+                    for v in T.unroll(vec):
+                        out[v] = T.cast(_gradient(T, log, gbuf[u * vec + v], ybuf[u * vec + v], stat[1]), dt)
+                    for v in lanes(vec):
+                        dx[row, access(chunk, st, u, tx) * vec + v] = out[v]
+
+    @T.macro
+    def combine_chunks(ws, row, tx, stat, red):
+        """The row's statistics from its chunks' pairs in the workspace (every thread gets them)."""
+        stat[0] = neg_inf
+        stat[1] = T.float32(0.0)
+        for c0 in T.serial(math.ceil(chunks / threads)):
+            if c0 * threads + tx < chunks:
+                if backward:
+                    stat[1] = stat[1] + ws[row, c0 * threads + tx, 1]
+                else:
+                    stat[2] = T.max(stat[0], ws[row, c0 * threads + tx, 0])
+                    stat[1] = stat[1] * rescale(stat[0], stat[2]) + ws[row, c0 * threads + tx, 1] * rescale(
+                        ws[row, c0 * threads + tx, 0], stat[2]
+                    )
+                    stat[0] = stat[2]
+        if backward:
+            reduce(stat, 1, False, red, tx)
+        else:
+            block_statistics(stat, red, tx)
+
+    @T.macro
+    def store_partial(ws, row, chunk, tx, stat):
+        if tx == 0:
+            ws[row, chunk, 0] = stat[0]
+            ws[row, chunk, 1] = stat[1]
+
+    def prelude():
+        if hinted:
+            T.import_source(_PRIORITY_LOADS)
+
+    red_size = 2 * max(1, threads // 32)
+    if not backward:
+        if phase == "whole":
+
+            @T.prim_func
+            def main(x: T.Tensor((m, n), dt), y: T.Tensor((m, n), odt)):
+                with T.Kernel(m, threads=threads) as bx:
+                    prelude()
+                    tx = T.get_thread_binding()
+                    row = T.cast(bx, "int64")
+                    buf = T.alloc_local((unroll * vec,), dt)
+                    out = T.alloc_local((vec,), odt)
+                    stat = T.alloc_local((3,), f32)
+                    red = T.alloc_shared((red_size,), f32)
+                    forward_pass1(x, row, 0, tx, buf, stat, red)
+                    forward_pass2(x, y, row, 0, tx, buf, out, stat)
+
+            return main
+
+        if phase == "partial":
+
+            @T.prim_func
+            def main(x: T.Tensor((m, n), dt), ws: T.Tensor((m, chunks, 2), f32)):
+                with T.Kernel(m, chunks, threads=threads) as (bx, by):
+                    prelude()
+                    tx = T.get_thread_binding()
+                    row = T.cast(bx, "int64")
+                    buf = T.alloc_local((unroll * vec,), dt)
+                    stat = T.alloc_local((3,), f32)
+                    red = T.alloc_shared((red_size,), f32)
+                    forward_pass1(x, row, by, tx, buf, stat, red)
+                    store_partial(ws, row, by, tx, stat)
+
+            return main
+
+        @T.prim_func
+        def main(x: T.Tensor((m, n), dt), ws: T.Tensor((m, chunks, 2), f32), y: T.Tensor((m, n), odt)):
+            with T.Kernel(m, chunks, threads=threads) as (bx, by):
+                prelude()
+                tx = T.get_thread_binding()
+                row = T.cast(bx, "int64")
+                buf = T.alloc_local((unroll * vec,), dt)
+                out = T.alloc_local((vec,), odt)
+                stat = T.alloc_local((3,), f32)
+                red = T.alloc_shared((red_size,), f32)
+                combine_chunks(ws, row, tx, stat, red)
+                forward_pass2(x, y, row, by, tx, buf, out, stat)
+
+        return main
+
+    if phase == "whole":
+
+        @T.prim_func
+        def main(dy: T.Tensor((m, n), dt), y: T.Tensor((m, n), dt), dx: T.Tensor((m, n), dt)):
+            with T.Kernel(m, threads=threads) as bx:
+                prelude()
+                tx = T.get_thread_binding()
+                row = T.cast(bx, "int64")
+                gbuf = T.alloc_local((unroll * vec,), dt)
+                ybuf = T.alloc_local((unroll * vec,), dt)
+                out = T.alloc_local((vec,), dt)
+                stat = T.alloc_local((3,), f32)
+                red = T.alloc_shared((red_size,), f32)
+                backward_pass1(dy, y, row, 0, tx, gbuf, ybuf, stat, red)
+                backward_pass2(dy, y, dx, row, 0, tx, gbuf, ybuf, out, stat)
+
+        return main
+
+    if phase == "partial":
+
+        @T.prim_func
+        def main(dy: T.Tensor((m, n), dt), y: T.Tensor((m, n), dt), ws: T.Tensor((m, chunks, 2), f32)):
+            with T.Kernel(m, chunks, threads=threads) as (bx, by):
+                prelude()
+                tx = T.get_thread_binding()
+                row = T.cast(bx, "int64")
+                gbuf = T.alloc_local((unroll * vec,), dt)
+                ybuf = T.alloc_local((unroll * vec,), dt)
+                stat = T.alloc_local((3,), f32)
+                red = T.alloc_shared((red_size,), f32)
+                backward_pass1(dy, y, row, by, tx, gbuf, ybuf, stat, red)
+                stat[0] = T.float32(0.0)  # the backward's pair holds its sum only
+                store_partial(ws, row, by, tx, stat)
+
+        return main
+
+    @T.prim_func
+    def main(
+        dy: T.Tensor((m, n), dt), y: T.Tensor((m, n), dt), ws: T.Tensor((m, chunks, 2), f32), dx: T.Tensor((m, n), dt)
+    ):
+        with T.Kernel(m, chunks, threads=threads) as (bx, by):
+            prelude()
+            tx = T.get_thread_binding()
+            row = T.cast(bx, "int64")
+            gbuf = T.alloc_local((unroll * vec,), dt)
+            ybuf = T.alloc_local((unroll * vec,), dt)
+            out = T.alloc_local((vec,), dt)
+            stat = T.alloc_local((3,), f32)
+            red = T.alloc_shared((red_size,), f32)
+            combine_chunks(ws, row, tx, stat, red)
+            backward_pass2(dy, y, dx, row, by, tx, gbuf, ybuf, out, stat)
+
+    return main
+
+
+def _gradient(T, log, dy_element, y_element, total):
+    """dx of one element, in float32: dy - exp(y) * sum(dy) (log-softmax) or y * (dy - sum(dy * y))."""
+    g, y = T.cast(dy_element, "float32"), T.cast(y_element, "float32")
+    if log:
+        return g - T.exp(y) * total
+    return y * (g - total)
+
+
+def _priority_load(priority: str) -> str:
+    """CUDA source of tileops_softmax_load_<priority>(dst, src): one 16-byte global load with
+    that eviction priority in L1 and L2 (PTX createpolicy and cache_hint)."""
+    return f"""
+template <typename T>
+__device__ __forceinline__ void tileops_softmax_load_{priority}(T* dst, const T* src) {{
+  uint4 v;
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::{priority}.b64 %0, 1.0;" : "=l"(policy));
+  asm("ld.global.L1::{priority}.L2::cache_hint.v4.u32 {{%0, %1, %2, %3}}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src), "l"(policy));
+  *reinterpret_cast<uint4*>(dst) = v;
+}}
+"""
+
+
+_PRIORITY_LOADS = _priority_load("evict_last") + _priority_load("evict_first")
+
+
+def compile_program(kind, n, dtype, out_dtype, log, target, **config):
+    """The compiled kernel of one configuration for ``target``, once per process (and on disk)."""
+    from .policy import has_cache_priorities  # policy imports this module
+
+    identity = ("softmax", kind, n, dtype, out_dtype, bool(log), tuple(sorted(config.items())))
+    priorities = has_cache_priorities(target)
+    return compile_once(
+        identity,
+        lambda: make_program(kind, n, dtype, out_dtype, log, cache_priorities=priorities, **config),
+        target,
+    )

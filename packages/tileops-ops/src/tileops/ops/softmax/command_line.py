@@ -1,0 +1,38 @@
+"""The softmax family's sugar for the ``tileops`` command: shorthand flags, and the peer
+libraries ``tileops bench`` times beside each op.
+
+``--dim`` sets the dimension normalised over (the param ``row_dim``, torch's dim), ``--out-dtype``
+y's dtype (``out_dtype``, torch's dtype). torch eager and ``torch.compile`` of the manifest's ``torch_api`` are timed for
+every op without an entry here.
+"""
+
+#: Flag -> the param it sets; its value is read as the manifest declares the param.
+PARAM_FLAGS = {"--dim": "row_dim", "--out-dtype": "out_dtype"}
+
+#: Flag -> the optional input it leaves out (the softmax ops have none).
+OMIT_FLAGS: dict[str, str] = {}
+
+
+# -- peers: what ``tileops bench`` times beside each op (the ``bench`` extra installs them) ------
+#
+# Op -> {column: (the peer's callable as "module:attribute", adapter)}, as in the norm family's
+# table. Liger-Kernel's softmax works over the last dimension, in the input's dtype; releases
+# before its multi-block kernels refuse rows over 65536 elements (Triton's largest block), and
+# the table then shows the cell refused with Liger's own message. It has no log-softmax.
+
+LIGER_SOFTMAX = "liger_kernel.ops.softmax:LigerSoftmaxFunction"
+
+
+def _liger_softmax(function, inputs, params):
+    x = inputs["x"]
+    if params.get("row_dim", -1) not in (-1, x.dim() - 1):
+        return "normalises over the last dimension only"
+    if params.get("out_dtype") not in (None, x.dtype):
+        return "returns the input's dtype only"
+    return lambda: function.apply(x)
+
+
+PEERS = {
+    "SoftmaxFwdOp": {"Liger": (LIGER_SOFTMAX, _liger_softmax)},
+    "LogSoftmaxFwdOp": {"Liger": (None, "has no log-softmax")},
+}

@@ -1,0 +1,85 @@
+"""Plain-torch implementations of the softmax interfaces, forward and backward.
+
+They accumulate in float32 (float64 for float64 tensors) and round once, like the manifest's
+reference. The ``torch_cpu`` ones are ``general``: they serve every CPU call, and any narrower
+implementation a backend adds beats them. The ``torch_float64`` ones serve calls on CUDA with
+a float64 input or output, which the TileLang kernels do not take (float64 is there for
+``gradcheck``, not for speed). They record no autograd history: the ops' autograd node calls
+the backward op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileops.core import Kernel
+
+from .interfaces import SoftmaxBwdInterface, SoftmaxCall, SoftmaxFwdInterface
+
+#: The dtypes computed in as they are; 16-bit ones compute in float32.
+_WIDE = (torch.float32, torch.float64)
+
+
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype in _WIDE else tensor.float()
+
+
+def _narrow(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return result if result.dtype is dtype else result.to(dtype)
+
+
+class _TorchSoftmax(Kernel):
+    devices = frozenset({"cpu"})
+    general = True
+
+    def __init__(self, call: SoftmaxCall) -> None:
+        super().__init__()
+        self.log, self.out_dtype = call.log, call.out_dtype
+
+    @classmethod
+    def entry_for(cls, call: SoftmaxCall):
+        return (call.log, call.out_dtype), lambda: cls(call)
+
+
+class TorchCpuSoftmax(_TorchSoftmax, SoftmaxFwdInterface):
+    def forward(self, x):
+        # x in y's dtype first (torch's order: a narrower dtype rounds x), then widened to compute.
+        wide = _wide(_narrow(x, self.out_dtype))
+        function = torch.log_softmax if self.log else torch.softmax
+        return _narrow(function(wide, -1), self.out_dtype)
+
+
+class TorchCpuSoftmaxBwd(_TorchSoftmax, SoftmaxBwdInterface):
+    def forward(self, dy, y):
+        dy_w, y_w = _wide(dy), _wide(y)
+        if self.log:
+            dx = dy_w - torch.exp(y_w) * dy_w.sum(-1, keepdim=True)
+        else:
+            dx = y_w * (dy_w - (dy_w * y_w).sum(-1, keepdim=True))
+        return _narrow(dx, dy.dtype)
+
+
+class _Float64OnCuda:
+    """Mixed into a CPU implementation: the same computation for CUDA calls with a float64
+    input or output, which the TileLang kernels refuse."""
+
+    devices = frozenset({"cuda"})
+    general = False
+
+    @classmethod
+    def refusal(cls, call: SoftmaxCall) -> str | None:
+        if torch.float64 not in (call.dtype, call.out_dtype):
+            return f"serves float64 only (the TileLang kernels serve {call.dtype} -> {call.out_dtype})"
+        return None
+
+
+#: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
+IMPLEMENTATIONS = {
+    interface: {
+        "torch_cpu": cpu_class,
+        "torch_float64": type(
+            cpu_class.__name__.replace("TorchCpu", "TorchFloat64"), (_Float64OnCuda, cpu_class), {"__module__": __name__}
+        ),
+    }
+    for interface, cpu_class in ((SoftmaxFwdInterface, TorchCpuSoftmax), (SoftmaxBwdInterface, TorchCpuSoftmaxBwd))
+}

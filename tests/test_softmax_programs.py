@@ -1,0 +1,175 @@
+"""The softmax kernels: their launch policy, the kernel classes on CPU tensors (compilation and
+the GPU replaced: which build serves which call, the split build's two launches and workspace,
+the output dtype), and the compile tier (one representative build per kernel kind and variant,
+compiled for sm_90 in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import run_python
+from tileops.core import DeviceFacts
+from tileops.kernels.cuda import softmax as kernels
+from tileops.kernels.cuda.softmax import KERNELS, policy, programs
+from tileops.ops.softmax import SoftmaxBwdInterface, SoftmaxCall, SoftmaxFwdInterface, SoftmaxFwdOp
+
+CUDA = torch.device("cuda", 0)
+
+
+def _call(n, dtype=torch.bfloat16, out_dtype=None, log=False, aligned=True):
+    return SoftmaxCall(CUDA, n, dtype, out_dtype or dtype, log, aligned)
+
+
+def test_rows_up_to_32768_elements_stay_in_registers_and_longer_ones_stream():
+    assert policy.REGISTER_MAX_N == 32768
+    assert policy.refusal("register", 32768, torch.float32, torch.float32) is None
+    assert "streamed variant serves it" in policy.refusal("register", 32769, torch.bfloat16, torch.bfloat16)
+    assert policy.refusal("streamed", 262144 * 4, torch.bfloat16, torch.float32) is None
+    assert "float64" in policy.refusal("streamed", 8, torch.float64, torch.float64)
+    assert "float64" in policy.refusal("register", 8, torch.bfloat16, torch.float64)
+
+
+@pytest.mark.parametrize("n", [1, 7, 256, 1001, 4096, 32000, 32768])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("aligned", [True, False])
+def test_a_register_thread_holds_at_most_32_elements_and_blocks_have_128_threads(n, dtype, aligned):
+    if aligned and n * dtype.itemsize % 16:
+        return
+    config = policy.launch_config("register", n, dtype, aligned)
+    tpr = config["threads"] // config["rows"]
+    assert tpr & (tpr - 1) == 0 and config["threads"] >= min(128, tpr) and config["threads"] <= 1024
+    assert -(-n // config["vec"] // tpr) * config["vec"] <= 32
+    assert config["vec"] == (16 // dtype.itemsize if aligned else 1)
+
+
+def test_the_split_build_gives_one_row_about_two_blocks_per_sm_in_chunks_of_16_kib():
+    config = policy.launch_config("streamed", 262144, torch.bfloat16, True)
+    assert policy.split_config(262144, torch.bfloat16, config, 132)["chunks"] == 32  # 512 KiB / 16 KiB
+    assert policy.split_config(1 << 22, torch.float32, config, 132)["chunks"] == 264  # capped at 2 per SM
+    assert policy.split_config(40000, torch.bfloat16, config, 132)["chunks"] == 4
+    assert policy.split_config(12000, torch.bfloat16, config, 132) is None  # 24000 bytes: no two chunks
+    assert policy.split_rows(132) == 131
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Kernels built for cuda:0 with their programs, device facts and the C++ launcher replaced,
+    so that the production forward runs on CPU tensors; the list of (config, rank, tensors)."""
+    from tileops.kernels.cuda import fast_launch
+    from tileops.kernels.cuda import kernel as kernel_module
+
+    launched = []
+
+    def compiled(self, config, rank):
+        return lambda *tensors: launched.append((config, rank, tensors))
+
+    monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
+    monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
+    monkeypatch.setattr(fast_launch, "launcher", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))
+    monkeypatch.setattr(kernels.programs, "compile_program", lambda *args, **config: ("compiled", config))
+    monkeypatch.setattr(kernels, "entry_function", lambda kernel: lambda *tensors: launched.append((kernel[1], 2, tensors)))
+    monkeypatch.setattr(kernel_module.TileLangKernel, "_launch_function", compiled)
+    return launched
+
+
+def test_a_register_kernel_allocates_y_in_the_output_dtype(launches):
+    kernel = KERNELS[SoftmaxFwdInterface]["softmax"](_call(4096, out_dtype=torch.float32))
+    x = torch.zeros(3, 4096, dtype=torch.bfloat16)
+    y = kernel.forward(x)
+    config, rank, tensors = launches[-1]
+    assert rank == 2 and tensors[0] is x and tensors[1] is y and y.dtype == torch.float32 and y.shape == x.shape
+    assert config == policy.launch_config("register", 4096, torch.bfloat16, True)
+
+
+def test_few_long_rows_take_the_split_build_in_two_launches_through_a_workspace(launches):
+    kernel = KERNELS[SoftmaxFwdInterface]["softmax_streamed"](_call(262144))
+    x = torch.zeros(131, 262144, dtype=torch.bfloat16)
+    y = kernel.forward(x)
+    (partial, _, (x1, ws1)), (finish, _, (x2, ws2, y2)) = launches[-2:]
+    assert partial["phase"] == "partial" and finish["phase"] == "finish" and partial["chunks"] == 32
+    assert x1 is x2 is x and ws1 is ws2 and ws1.shape == (131, 32, 2) and ws1.dtype == torch.float32 and y2 is y
+    launches.clear()
+    kernel.forward(torch.zeros(132, 262144, dtype=torch.bfloat16))  # one row per SM or more: one launch
+    (config, _, tensors), = launches
+    assert config == policy.launch_config("streamed", 262144, torch.bfloat16, True) and len(tensors) == 2
+    assert kernel.config["split_build"]["max_rows"] == 131
+
+
+def test_the_backward_kernels_take_dy_and_y_then_dx(launches):
+    kernel = KERNELS[SoftmaxBwdInterface]["softmax_bwd_streamed"](_call(65536, torch.float16, log=True))
+    dy, y = torch.zeros(2, 65536, dtype=torch.float16), torch.zeros(2, 65536, dtype=torch.float16)
+    dx = kernel.forward(dy, y)
+    (_, _, (a, b, ws)), (_, _, (c, d, ws2, out)) = launches[-2:]
+    assert (a, b, c, d) == (dy, y, dy, y) and ws is ws2 and out is dx and dx.dtype == torch.float16
+
+
+def test_the_ops_call_a_call_aligned_only_when_rows_fill_16_byte_accesses():
+    from tileops.core.tensor_description import TensorDescription
+
+    def spec(op, shape, dtype, address=0):
+        return op.call_specs(CUDA, {"x": TensorDescription(CUDA, dtype, shape, address)})[SoftmaxFwdInterface]
+
+    assert spec(SoftmaxFwdOp(), (4, 1000), torch.bfloat16).aligned is True
+    assert spec(SoftmaxFwdOp(), (4, 1001), torch.bfloat16).aligned is False
+    assert spec(SoftmaxFwdOp(), (4, 1000), torch.bfloat16, address=2).aligned is False
+    moved = spec(SoftmaxFwdOp(0, torch.float32), (1000, 3), torch.bfloat16, address=2)  # a moved dim is a fresh copy
+    assert moved.aligned is True and moved.n == 1000 and moved.out_dtype == torch.float32
+
+
+def test_a_program_of_every_kind_variant_and_phase_is_built_without_compiling():
+    pytest.importorskip("tilelang")
+    for kind in programs.KINDS:
+        for log in (False, True):
+            programs.make_program(kind, 4096, torch.bfloat16, torch.bfloat16, log, variant="register", vec=8, threads=512, rows=1)
+            programs.make_program(kind, 33, torch.float16, torch.float16, log, variant="register", vec=1, threads=128, rows=16)
+            for phase, chunks in (("whole", 1), ("partial", 8), ("finish", 8)):
+                programs.make_program(kind, 65536, torch.float32, torch.float32, log, variant="streamed", vec=4, threads=256, phase=phase, chunks=chunks)
+    with pytest.raises(ValueError, match="dx in dy's dtype"):
+        programs.make_program("backward", 64, torch.bfloat16, torch.float32, False, variant="register", vec=8, threads=8)
+    with pytest.raises(ValueError, match="bad launch configuration"):
+        programs.make_program("forward", 1001, torch.bfloat16, torch.bfloat16, False, variant="register", vec=8, threads=128)
+
+
+# -- the compile tier ---------------------------------------------------------------------------
+
+COMPILE = """
+import torch
+from tileops.kernels.cuda.softmax import policy, programs
+target = {"kind": "cuda", "arch": "sm_90"}
+bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+streamed = policy.launch_config("streamed", 262144, bf16, True)
+split = policy.split_config(262144, bf16, streamed, 132)
+# One build per kind and variant (and split phase): vector and scalar accesses, an output dtype.
+for name, kind, n, dtype, out_dtype, log, config in [
+    ("register", "forward", 4096, bf16, f32, False, policy.launch_config("register", 4096, bf16, True)),
+    ("register-scalar", "forward", 1001, f16, f16, True, policy.launch_config("register", 1001, f16, False)),
+    ("register-bwd", "backward", 32000, bf16, bf16, False, policy.launch_config("register", 32000, bf16, True)),
+    ("streamed", "forward", 262144, bf16, bf16, True, streamed),
+    ("split-partial", "forward", 262144, bf16, bf16, False, {**split, "phase": "partial"}),
+    ("split-finish", "forward", 262144, bf16, bf16, False, {**split, "phase": "finish"}),
+    ("streamed-bwd", "backward", 131072, f32, f32, True, policy.launch_config("streamed", 131072, f32, True)),
+]:
+    source = programs.compile_program(kind, n, dtype, out_dtype, log, target, **config).get_kernel_source()
+    body = source[source.index("__launch_bounds__"):]
+    print(name, "uint4" in body or "float4" in body, body.count("tileops_softmax_load_evict"), "expf" in body, "logf" in body)
+"""
+
+
+@pytest.mark.compile
+def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligned(tmp_path):
+    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line and not line.startswith("tileops:")]
+    # name, 16-byte accesses, prioritised loads (pass 1 evict_last, pass 2 evict_first), exp, log
+    assert lines == [
+        ["register", "True", "0", "True", "False"],
+        ["register-scalar", "False", "0", "True", "True"],
+        ["register-bwd", "True", "0", "False", "False"],
+        ["streamed", "True", "2", "True", "True"],
+        ["split-partial", "False", "1", "True", "False"],  # writes only its (max, sum): no vector store
+        ["split-finish", "True", "1", "True", "False"],
+        ["streamed-bwd", "True", "3", "True", "False"],
+    ], result.stdout[-3000:]
