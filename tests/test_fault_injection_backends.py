@@ -102,12 +102,23 @@ _checks = {
         op(_r[None, :, None], *[_x[None, :, None]] * 3, _F.scaled_dot_product_attention(_x, _x, _x)[None, :, None],
            torch.logsumexp(_x @ _x.T / 8 ** 0.5, -1)[None, None])[2][0, :, 0],
         _vjp(lambda v: _F.scaled_dot_product_attention(_x, _x, v), _x, _r)[1]),
+    # Decode: one new token _x[2] over a cache of the three rows of _x (as keys and values), length 3.
+    "DecodeAttentionFwdOp": lambda op: torch.testing.assert_close(
+        op(_x[None, 2:, None], _x[None, :, None], _x[None, :, None], torch.tensor([3], dtype=torch.int32))[0][0, :, 0],
+        _F.scaled_dot_product_attention(_x[2:], _x, _x)),
+    # Softmax over rows of 8; the backward ops take dy = _r and the forward's output y.
+    "SoftmaxFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.softmax(_x, -1)),
+    "LogSoftmaxFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.log_softmax(_x, -1)),
+    "SoftmaxBwdOp": lambda op: torch.testing.assert_close(op(_r, _F.softmax(_x, -1)), _vjp(lambda t: _F.softmax(t, -1), _x, _r)[1]),
+    "LogSoftmaxBwdOp": lambda op: torch.testing.assert_close(
+        op(_r, _F.log_softmax(_x, -1)), _vjp(lambda t: _F.log_softmax(t, -1), _x, _r)[1]),
 }
 # The ops that take no param are constructed without one; the others with 8 (normalized_shape,
 # the rope ops' rotary_dim) or 4 (the packed activations' half width d, of rows of 8).
 _NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp"}
 _NO_PARAM |= {name for name in _checks if "CrossEntropy" in name}  # the loss ops: every param defaults
-_NO_PARAM |= {"AttentionFwdOp", "AttentionBwdOp"}  # every param keyword-only with a default
+_NO_PARAM |= {"AttentionFwdOp", "AttentionBwdOp", "DecodeAttentionFwdOp"}  # every param keyword-only with a default
+_NO_PARAM |= {name for name in _checks if "Softmax" in name}  # row_dim and out_dtype default
 _construct = lambda name: _classes[name](target="builtin") if name in _NO_PARAM else _classes[name](4 if name.startswith("Packed") else 8, target="builtin")  # noqa: E731
 _classes = {c.__name__: c for cs in _FAMILIES.values() for c in cs}
 assert sorted(_classes) == sorted(_checks), "an op was added: give it a check here"

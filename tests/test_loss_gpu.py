@@ -35,10 +35,10 @@ def test_every_workload_matches_the_reference_on_cuda(case):
         assert keys and keys <= {"tilelang", "tilelang_grad"}, keys
 
 
-def _torch_loss(logits, targets, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", lse_square_scale=0.0, softcap=None):
+def _torch_loss(logits, target_ids, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", lse_square_scale=0.0, softcap=None):
     z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
-    loss = F.cross_entropy(z, targets, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
-    keep = targets != ignore_index
+    loss = F.cross_entropy(z, target_ids, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    keep = target_ids != ignore_index
     z_loss = lse_square_scale * torch.logsumexp(z, -1).square() * keep
     if reduction == "none":
         return loss + z_loss
@@ -48,9 +48,9 @@ def _torch_loss(logits, targets, *, ignore_index=-100, label_smoothing=0.0, redu
 def _case(rows, vocab, dtype, seed=0):
     generator = torch.Generator(device="cuda").manual_seed(seed)
     logits = (torch.randn(rows, vocab, generator=generator, device="cuda") * 4).to(dtype)
-    targets = torch.randint(0, vocab, (rows,), generator=generator, device="cuda")
-    targets[3::7] = -100
-    return logits, targets
+    target_ids = torch.randint(0, vocab, (rows,), generator=generator, device="cuda")
+    target_ids[3::7] = -100
+    return logits, target_ids
 
 
 SHAPES = [(1, 32000), (3, 256000), (64, 151936), (300, 128256), (517, 1001), (9, 1), (2048, 32768)]
@@ -67,13 +67,13 @@ OPTIONS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_loss_and_gradient_match_torch_in_float64(rows, vocab, dtype, options):
     """Every row length (V = 1, not a multiple of 8, 256k), split and unsplit rows, every option."""
-    logits, targets = _case(rows, vocab, dtype)
+    logits, target_ids = _case(rows, vocab, dtype)
     for reduction in ("mean", "sum", "none"):
         op = CrossEntropyPerRowFwdOp(**options) if reduction == "none" else CrossEntropyFwdOp(reduction=reduction, **options)
         x = logits.clone().requires_grad_()
-        loss, lse = op(x, targets)
+        loss, lse = op(x, target_ids)
         reference = logits.double().requires_grad_()
-        expected = _torch_loss(reference, targets, reduction=reduction, **options)
+        expected = _torch_loss(reference, target_ids, reduction=reduction, **options)
         z = reference if options.get("softcap") is None else options["softcap"] * torch.tanh(reference / options["softcap"])
         torch.testing.assert_close(lse, torch.logsumexp(z, -1).float().detach(), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(loss.double(), expected.detach(), atol=1e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5)
@@ -87,36 +87,36 @@ def test_loss_and_gradient_match_torch_in_float64(rows, vocab, dtype, options):
 
 def test_every_row_ignored_gives_nan_for_the_mean_and_zero_gradients():
     logits = torch.randn(5, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    targets = torch.full((5,), -100, device="cuda")
-    loss, _ = CrossEntropyFwdOp()(logits, targets)
+    target_ids = torch.full((5,), -100, device="cuda")
+    loss, _ = CrossEntropyFwdOp()(logits, target_ids)
     assert loss.isnan()
     loss.backward()
     assert torch.equal(logits.grad, torch.zeros_like(logits))
-    assert CrossEntropyFwdOp(reduction="sum")(logits.detach(), targets)[0].item() == 0.0
+    assert CrossEntropyFwdOp(reduction="sum")(logits.detach(), target_ids)[0].item() == 0.0
 
 
 def test_int32_targets_and_an_unaligned_slice():
-    logits, targets = _case(40, 32001, torch.bfloat16)
+    logits, target_ids = _case(40, 32001, torch.bfloat16)
     op = CrossEntropyFwdOp(label_smoothing=0.1)
-    torch.testing.assert_close(op(logits, targets.int()), op(logits, targets))
+    torch.testing.assert_close(op(logits, target_ids.int()), op(logits, target_ids))
     wide = torch.randn(40, 32008, device="cuda", dtype=torch.bfloat16)
     part = wide[:, 1:32001]  # not contiguous: copied by the call path, then served
-    torch.testing.assert_close(op(part, targets), op(part.contiguous(), targets))
+    torch.testing.assert_close(op(part, target_ids), op(part.contiguous(), target_ids))
 
 
 def test_a_target_out_of_range_is_refused_by_name_not_by_a_device_assert():
-    logits, targets = _case(8, 1000, torch.bfloat16)
-    targets[5] = 1000
-    with pytest.raises(OpArgumentError, match=r"CrossEntropyFwdOp: argument 'targets' holds 1000 at row 5; expected a class in \[0, 1000\)"):
-        CrossEntropyFwdOp()(logits, targets)
+    logits, target_ids = _case(8, 1000, torch.bfloat16)
+    target_ids[5] = 1000
+    with pytest.raises(OpArgumentError, match=r"CrossEntropyFwdOp: argument 'target_ids' holds 1000 at row 5; expected a class in \[0, 1000\)"):
+        CrossEntropyFwdOp()(logits, target_ids)
     torch.cuda.synchronize()  # the context is healthy: no kernel read out of bounds
 
 
 def test_under_graph_capture_an_out_of_range_target_gives_nan_and_reads_nothing_out_of_bounds():
-    logits, targets = _case(8, 1000, torch.bfloat16)
+    logits, target_ids = _case(8, 1000, torch.bfloat16)
     op = CrossEntropyPerRowFwdOp()
-    op(logits, targets)  # build outside the capture
-    bad = targets.clone()
+    op(logits, target_ids)  # build outside the capture
+    bad = target_ids.clone()
     bad[2] = 5000
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -143,16 +143,16 @@ def test_training_through_the_loss_matches_torch(compiled):
 
     if compiled:
         ours = torch.compile(ours, fullgraph=True)
-    hidden = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
-    targets = torch.randint(0, 32000, (512,), device="cuda")
-    targets[::9] = -100
+    hidden_states = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    target_ids = torch.randint(0, 32000, (512,), device="cuda")
+    target_ids[::9] = -100
     results = []
     for head, step in ((ours_head, ours), (theirs_head, theirs)):
         optimiser = torch.optim.SGD(head.parameters(), lr=0.5)
         losses = []
         for _ in range(3):
             optimiser.zero_grad()
-            loss = step(hidden, targets)
+            loss = step(hidden_states, target_ids)
             loss.backward()
             optimiser.step()
             losses.append(loss.float().item())
@@ -163,25 +163,25 @@ def test_training_through_the_loss_matches_torch(compiled):
 def test_linear_cross_entropy_matches_torch_and_needs_less_memory_than_the_logits():
     torch.manual_seed(0)
     rows, hidden_size, vocab = 4096, 2048, 128256
-    hidden = (torch.randn(rows, hidden_size, device="cuda") / 8).to(torch.bfloat16).requires_grad_()
+    hidden_states = (torch.randn(rows, hidden_size, device="cuda") / 8).to(torch.bfloat16).requires_grad_()
     weight = (torch.randn(vocab, hidden_size, device="cuda") / 32).to(torch.bfloat16).requires_grad_()
-    targets = torch.randint(0, vocab, (rows,), device="cuda")
-    targets[::11] = -100
+    target_ids = torch.randint(0, vocab, (rows,), device="cuda")
+    target_ids[::11] = -100
     op = LinearCrossEntropyFwdOp(label_smoothing=0.1, softcap=30.0)
-    op(hidden.detach(), weight.detach(), None, targets)  # build the kernels first
+    op(hidden_states.detach(), weight.detach(), None, target_ids)  # build the kernels first
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    loss = op(hidden, weight, None, targets)
-    dhidden, dweight = torch.autograd.grad(loss, (hidden, weight))
+    loss = op(hidden_states, weight, None, target_ids)
+    dhidden, dweight = torch.autograd.grad(loss, (hidden_states, weight))
     peak = torch.cuda.max_memory_allocated() - before
     logits_bytes = rows * vocab * 2
-    # Gradients of hidden and weight (kept) plus one chunk's logits (about hidden's size) and its
+    # Gradients of hidden_states and weight (kept) plus one chunk's logits (about the hidden states' size) and its
     # GEMM workspace: well under the logits alone.
     assert peak < logits_bytes / 2, (peak, logits_bytes)
-    h = hidden.detach().double().requires_grad_()
+    h = hidden_states.detach().double().requires_grad_()
     w = weight.detach().double().requires_grad_()
-    expected = _torch_loss(h @ w.T, targets, label_smoothing=0.1, softcap=30.0)
+    expected = _torch_loss(h @ w.T, target_ids, label_smoothing=0.1, softcap=30.0)
     expected.backward()
     torch.testing.assert_close(loss.double(), expected.detach(), atol=2e-2, rtol=1e-2)
     for got, want in ((dhidden, h.grad), (dweight, w.grad)):

@@ -26,11 +26,11 @@ def test_every_small_workload_matches_the_reference_on_cpu(case):
     check_workload(op, case.workload, case.dtype, "cpu")
 
 
-def _torch_loss(logits, targets, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", lse_square_scale=0.0, softcap=None):
+def _torch_loss(logits, target_ids, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", lse_square_scale=0.0, softcap=None):
     """The loss as a torch user writes it: F.cross_entropy plus PaLM's z-loss, soft-capped first."""
     z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
-    loss = F.cross_entropy(z, targets, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
-    keep = targets != ignore_index
+    loss = F.cross_entropy(z, target_ids, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    keep = target_ids != ignore_index
     z_loss = lse_square_scale * torch.logsumexp(z, -1).square() * keep
     if reduction == "none":
         return loss + z_loss
@@ -40,9 +40,9 @@ def _torch_loss(logits, targets, *, ignore_index=-100, label_smoothing=0.0, redu
 def _logits_and_targets(rows=9, vocab=37, dtype=torch.float64, ignore_index=-100, seed=0):
     generator = torch.Generator().manual_seed(seed)
     logits = (torch.randn(rows, vocab, generator=generator, dtype=torch.float64) * 3).to(dtype)
-    targets = torch.randint(0, vocab, (rows,), generator=generator)
-    targets[::4] = ignore_index
-    return logits, targets
+    target_ids = torch.randint(0, vocab, (rows,), generator=generator)
+    target_ids[::4] = ignore_index
+    return logits, target_ids
 
 
 OPTIONS = [
@@ -56,15 +56,15 @@ OPTION_IDS = [f"ls{o['label_smoothing']}-z{o['lse_square_scale']}-cap{o['softcap
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
 def test_loss_and_gradient_match_torch_for_every_option(options, reduction):
     ignore_index = 5
-    logits, targets = _logits_and_targets(ignore_index=ignore_index)
+    logits, target_ids = _logits_and_targets(ignore_index=ignore_index)
     if reduction == "none":
         op = CrossEntropyPerRowFwdOp(ignore_index=ignore_index, **options)
     else:
         op = CrossEntropyFwdOp(ignore_index=ignore_index, reduction=reduction, **options)
     ours = logits.clone().requires_grad_()
     theirs = logits.clone().requires_grad_()
-    loss, lse = op(ours, targets)
-    expected = _torch_loss(theirs, targets, ignore_index=ignore_index, reduction=reduction, **options)
+    loss, lse = op(ours, target_ids)
+    expected = _torch_loss(theirs, target_ids, ignore_index=ignore_index, reduction=reduction, **options)
     torch.testing.assert_close(loss, expected, atol=1e-12, rtol=1e-12)
     z = theirs if options["softcap"] is None else options["softcap"] * torch.tanh(theirs / options["softcap"])
     torch.testing.assert_close(lse, torch.logsumexp(z, -1).float().detach())
@@ -76,20 +76,20 @@ def test_loss_and_gradient_match_torch_for_every_option(options, reduction):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_gradcheck_in_float64(reduction):
-    logits, targets = _logits_and_targets(rows=5, vocab=7)
+    logits, target_ids = _logits_and_targets(rows=5, vocab=7)
     options = {"label_smoothing": 0.2, "lse_square_scale": 0.05, "softcap": 4.0}
     if reduction == "none":
         op = CrossEntropyPerRowFwdOp(**options)
     else:
         op = CrossEntropyFwdOp(reduction=reduction, **options)
     # The loss output: lse is float32 by its signature, too coarse for finite differences.
-    assert torch.autograd.gradcheck(lambda x: op(x, targets)[0], (logits.requires_grad_(),))
+    assert torch.autograd.gradcheck(lambda x: op(x, target_ids)[0], (logits.requires_grad_(),))
 
 
 def test_the_gradient_of_lse_is_the_softmax():
-    logits, targets = _logits_and_targets(rows=4, vocab=10)
+    logits, target_ids = _logits_and_targets(rows=4, vocab=10)
     x = logits.clone().requires_grad_()
-    _, lse = CrossEntropyFwdOp()(x, targets)
+    _, lse = CrossEntropyFwdOp()(x, target_ids)
     dlse = torch.randn(4)
     lse.backward(dlse)
     torch.testing.assert_close(x.grad, torch.softmax(logits, -1) * dlse.double()[:, None])
@@ -97,12 +97,12 @@ def test_the_gradient_of_lse_is_the_softmax():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_low_precision_logits_compute_in_float32(dtype):
-    logits, targets = _logits_and_targets(rows=16, vocab=1001, dtype=dtype)
+    logits, target_ids = _logits_and_targets(rows=16, vocab=1001, dtype=dtype)
     x = logits.clone().requires_grad_()
-    loss, lse = CrossEntropyFwdOp(label_smoothing=0.1)(x, targets)
+    loss, lse = CrossEntropyFwdOp(label_smoothing=0.1)(x, target_ids)
     assert loss.dtype == dtype and lse.dtype == torch.float32
     reference = logits.double().requires_grad_()
-    expected = F.cross_entropy(reference, targets, label_smoothing=0.1)
+    expected = F.cross_entropy(reference, target_ids, label_smoothing=0.1)
     expected.backward()
     torch.testing.assert_close(loss.double(), expected.detach().to(dtype).double(), atol=0, rtol=0)
     loss.backward()
@@ -111,19 +111,19 @@ def test_low_precision_logits_compute_in_float32(dtype):
 
 
 def test_int32_targets_give_what_int64_targets_give():
-    logits, targets = _logits_and_targets()
+    logits, target_ids = _logits_and_targets()
     op = CrossEntropyFwdOp(label_smoothing=0.1)
-    torch.testing.assert_close(op(logits, targets.int()), op(logits, targets))
+    torch.testing.assert_close(op(logits, target_ids.int()), op(logits, target_ids))
 
 
 def test_every_row_ignored_gives_torch_results():
     """The mean over no row is 0 / 0 = nan and the sum is 0, as torch gives; the gradient is 0."""
     logits, _ = _logits_and_targets(rows=3)
-    targets = torch.full((3,), -100)
+    target_ids = torch.full((3,), -100)
     for reduction in ("mean", "sum"):
         x = logits.clone().requires_grad_()
-        loss, _ = CrossEntropyFwdOp(reduction=reduction, lse_square_scale=1e-2)(x, targets)
-        expected = F.cross_entropy(logits, targets, reduction=reduction)
+        loss, _ = CrossEntropyFwdOp(reduction=reduction, lse_square_scale=1e-2)(x, target_ids)
+        expected = F.cross_entropy(logits, target_ids, reduction=reduction)
         torch.testing.assert_close(loss, expected, equal_nan=True)
         loss.backward()
         assert torch.equal(x.grad, torch.zeros_like(logits))
@@ -141,22 +141,22 @@ def test_edge_shapes():
 
 
 def test_the_backward_op_alone():
-    logits, targets = _logits_and_targets(rows=6, vocab=20)
+    logits, target_ids = _logits_and_targets(rows=6, vocab=20)
     op = CrossEntropyBwdOp(reduction="sum", lse_square_scale=0.1)
     lse = torch.logsumexp(logits, -1).float()
     dloss = torch.tensor(2.0, dtype=torch.float64)
     x = logits.clone().requires_grad_()
-    _torch_loss(x, targets, reduction="sum", lse_square_scale=0.1).backward(dloss)
-    torch.testing.assert_close(op(dloss, None, logits, targets, lse), x.grad)
+    _torch_loss(x, target_ids, reduction="sum", lse_square_scale=0.1).backward(dloss)
+    torch.testing.assert_close(op(dloss, None, logits, target_ids, lse), x.grad)
 
 
 def test_out_of_range_targets_are_refused_by_name():
-    logits, targets = _logits_and_targets(rows=4, vocab=10, ignore_index=-7)
+    logits, target_ids = _logits_and_targets(rows=4, vocab=10, ignore_index=-7)
     for bad, row in ((10, 2), (-1, 1), (-100, 3)):
-        given = targets.clone()
+        given = target_ids.clone()
         given[row] = bad
         op = CrossEntropyFwdOp(ignore_index=-7)
-        with pytest.raises(OpArgumentError, match=rf"CrossEntropyFwdOp: argument 'targets' holds {bad} at row {row}; expected a class in \[0, 10\) \(V = 10\) or ignore_index \(-7\)"):
+        with pytest.raises(OpArgumentError, match=rf"CrossEntropyFwdOp: argument 'target_ids' holds {bad} at row {row}; expected a class in \[0, 10\) \(V = 10\) or ignore_index \(-7\)"):
             op(logits, given)
 
 
@@ -167,9 +167,9 @@ def test_bad_params_and_calls_name_the_op():
         CrossEntropyFwdOp(label_smoothing=1.5)
     with pytest.raises(OpArgumentError, match="softcap must be positive"):
         CrossEntropyPerRowFwdOp(softcap=0.0)
-    with pytest.raises(OpArgumentError, match="argument 'targets' expected dtype"):
+    with pytest.raises(OpArgumentError, match="argument 'target_ids' expected dtype"):
         CrossEntropyFwdOp()(torch.randn(2, 3), torch.tensor([0.0, 1.0]))
-    with pytest.raises(OpArgumentError, match="argument 'targets' expected shape"):
+    with pytest.raises(OpArgumentError, match="argument 'target_ids' expected shape"):
         CrossEntropyFwdOp()(torch.randn(2, 3), torch.tensor([0, 1, 2]))
 
 
@@ -188,14 +188,14 @@ def test_a_classifier_trains_as_the_same_classifier_with_torch(compiled):
 
     if compiled:
         ours = torch.compile(ours, fullgraph=True)
-    hidden, targets = torch.randn(32, 16), torch.randint(0, 50, (32,))
-    targets[::5] = -100
+    hidden_states, target_ids = torch.randn(32, 16), torch.randint(0, 50, (32,))
+    target_ids[::5] = -100
     for head, step in ((ours_head, ours), (theirs_head, theirs)):
         optimiser = torch.optim.SGD(head.parameters(), lr=0.1)
         losses = []
         for _ in range(4):
             optimiser.zero_grad()
-            loss = step(hidden, targets)
+            loss = step(hidden_states, target_ids)
             loss.backward()
             optimiser.step()
             losses.append(loss.item())
@@ -209,7 +209,7 @@ def test_a_classifier_trains_as_the_same_classifier_with_torch(compiled):
 def test_linear_cross_entropy_chunks_rows_by_the_memory_of_the_hidden_states():
     from tileops.ops.loss.linear import chunk_rows
 
-    assert chunk_rows(4096, 4096, 128256) == 131  # 131 x 128256 logits <= 4096 x 4096 hidden
+    assert chunk_rows(4096, 4096, 128256) == 131  # 131 x 128256 logits <= 4096 x 4096 hidden states
     assert chunk_rows(3, 8, 1000) == 1 and chunk_rows(10, 100, 50) == 10
 
 
@@ -218,27 +218,27 @@ def test_linear_cross_entropy_gradcheck_over_several_chunks(with_bias):
     from tileops.ops import LinearCrossEntropyFwdOp
 
     generator = torch.Generator().manual_seed(0)
-    hidden = torch.randn(37, 16, generator=generator, dtype=torch.float64).requires_grad_()  # 4 chunks of 12 rows
+    hidden_states = torch.randn(37, 16, generator=generator, dtype=torch.float64).requires_grad_()  # 4 chunks of 12 rows
     weight = torch.randn(50, 16, generator=generator, dtype=torch.float64).requires_grad_()
     bias = torch.randn(50, generator=generator, dtype=torch.float64).requires_grad_() if with_bias else None
-    targets = torch.randint(0, 50, (37,), generator=generator)
-    targets[::5] = -100
+    target_ids = torch.randint(0, 50, (37,), generator=generator)
+    target_ids[::5] = -100
     op = LinearCrossEntropyFwdOp(label_smoothing=0.1, lse_square_scale=0.01, softcap=5.0)
-    inputs = (hidden, weight, bias) if with_bias else (hidden, weight)
-    assert torch.autograd.gradcheck(lambda h, w, *b: op(h, w, b[0] if b else None, targets), inputs)
+    inputs = (hidden_states, weight, bias) if with_bias else (hidden_states, weight)
+    assert torch.autograd.gradcheck(lambda h, w, *b: op(h, w, b[0] if b else None, target_ids), inputs)
 
 
 def test_linear_cross_entropy_matches_the_logits_path_and_its_backward_op_alone():
     from tileops.ops import LinearCrossEntropyBwdOp, LinearCrossEntropyFwdOp
 
-    hidden, weight = torch.randn(20, 8, dtype=torch.float64), torch.randn(30, 8, dtype=torch.float64)
-    targets = torch.randint(0, 30, (20,))
-    fused = LinearCrossEntropyFwdOp(reduction="sum")(hidden, weight, None, targets)
-    torch.testing.assert_close(fused, CrossEntropyFwdOp(reduction="sum")(hidden @ weight.T, targets)[0])
-    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    F.cross_entropy(h @ w.T, targets, reduction="sum").backward(torch.tensor(3.0, dtype=torch.float64))
+    hidden_states, weight = torch.randn(20, 8, dtype=torch.float64), torch.randn(30, 8, dtype=torch.float64)
+    target_ids = torch.randint(0, 30, (20,))
+    fused = LinearCrossEntropyFwdOp(reduction="sum")(hidden_states, weight, None, target_ids)
+    torch.testing.assert_close(fused, CrossEntropyFwdOp(reduction="sum")(hidden_states @ weight.T, target_ids)[0])
+    h, w = hidden_states.clone().requires_grad_(), weight.clone().requires_grad_()
+    F.cross_entropy(h @ w.T, target_ids, reduction="sum").backward(torch.tensor(3.0, dtype=torch.float64))
     dhidden, dweight, dbias = LinearCrossEntropyBwdOp(reduction="sum")(
-        torch.tensor(3.0, dtype=torch.float64), hidden, weight, None, targets
+        torch.tensor(3.0, dtype=torch.float64), hidden_states, weight, None, target_ids
     )
     torch.testing.assert_close(dhidden, h.grad)
     torch.testing.assert_close(dweight, w.grad)
@@ -261,15 +261,15 @@ def test_the_peer_table_names_family_ops_and_builds_liger_losses_with_the_ops_op
             built.append(args)
             return args
 
-    logits, targets = torch.randn(3, 5), torch.tensor([0, 1, 2], dtype=torch.int32)
+    logits, target_ids = torch.randn(3, 5), torch.tensor([0, 1, 2], dtype=torch.int32)
     params = {"ignore_index": 1, "label_smoothing": 0.1, "reduction": "sum", "lse_square_scale": 0.0, "softcap": 3.0}
     _, adapter = command_line.PEERS["CrossEntropyFwdOp"]["Liger"]
-    called = adapter(FakeLoss, {"logits": logits, "targets": targets}, params)()
+    called = adapter(FakeLoss, {"logits": logits, "target_ids": target_ids}, params)()
     assert built[0] == params and called[0] is logits and called[1].dtype == torch.int64
     _, adapter = command_line.PEERS["CrossEntropyPerRowFwdOp"]["Liger"]
-    adapter(FakeLoss, {"logits": logits, "targets": targets}, {"softcap": None})()
+    adapter(FakeLoss, {"logits": logits, "target_ids": target_ids}, {"softcap": None})()
     assert built[2]["reduction"] == "none"
-    hidden, weight = torch.randn(3, 4), torch.randn(5, 4)
+    hidden_states, weight = torch.randn(3, 4), torch.randn(5, 4)
     _, adapter = command_line.PEERS["LinearCrossEntropyFwdOp"]["Liger"]
-    called = adapter(FakeLoss, {"hidden": hidden, "weight": weight, "targets": targets}, params)()
-    assert called[0] is weight and called[1] is hidden and called[3] is None  # Liger takes the weight first
+    called = adapter(FakeLoss, {"hidden_states": hidden_states, "weight": weight, "target_ids": target_ids}, params)()
+    assert called[0] is weight and called[1] is hidden_states and called[3] is None  # Liger takes the weight first

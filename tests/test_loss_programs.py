@@ -58,10 +58,10 @@ def test_the_rows_kernel_allocates_float32_rows_and_takes_a_split_build_for_few_
     kernel = KERNELS[CrossEntropyRowsInterface]["tilelang"](
         op.call_spec(CrossEntropyRowsInterface, CUDA, torch.bfloat16, 256000, torch.int64, True)
     )
-    logits, targets = torch.zeros(2, 256000, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.long)
-    loss, lse = kernel.forward(logits, targets)
+    logits, target_ids = torch.zeros(2, 256000, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.long)
+    loss, lse = kernel.forward(logits, target_ids)
     config, tensors = launches[-1]
-    assert tensors[:2] == (logits, targets) and tensors[2] is loss and tensors[3] is lse
+    assert tensors[:2] == (logits, target_ids) and tensors[2] is loss and tensors[3] is lse
     assert loss.shape == lse.shape == (2,) and loss.dtype == lse.dtype == torch.float32
     assert config["splits"] == 15  # two rows: the rows<=4 build
     kernel.forward(torch.zeros(65, 256000, dtype=torch.bfloat16), torch.zeros(65, dtype=torch.long))

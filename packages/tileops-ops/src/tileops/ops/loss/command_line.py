@@ -44,20 +44,20 @@ def _options(params, reduction):
 
 def _liger_cross_entropy(module, inputs, params):
     loss = module(**_options(params, params.get("reduction", "mean")))
-    logits, targets = inputs["logits"], inputs["targets"].long()
-    return lambda: loss(logits, targets)
+    logits, target_ids = inputs["logits"], inputs["target_ids"].long()
+    return lambda: loss(logits, target_ids)
 
 
 def _liger_per_row_cross_entropy(module, inputs, params):
     loss = module(**_options(params, "none"))
-    logits, targets = inputs["logits"], inputs["targets"].long()
-    return lambda: loss(logits, targets)
+    logits, target_ids = inputs["logits"], inputs["target_ids"].long()
+    return lambda: loss(logits, target_ids)
 
 
 def _liger_linear_cross_entropy(module, inputs, params):
     loss = module(**_options(params, params.get("reduction", "mean")))
-    hidden, weight, bias, targets = inputs["hidden"], inputs["weight"], inputs.get("bias"), inputs["targets"].long()
-    return lambda: loss(weight, hidden, targets, bias)
+    hidden_states, weight, bias, target_ids = inputs["hidden_states"], inputs["weight"], inputs.get("bias"), inputs["target_ids"].long()
+    return lambda: loss(weight, hidden_states, target_ids, bias)
 
 
 PEERS = {

@@ -27,10 +27,10 @@ def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return z if softcap is None else softcap * torch.tanh(z / softcap)
 
 
-def safe_targets(targets: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(targets clamped into [0, V) as int64, whether each one was in range): what a row reads."""
-    in_range = (targets >= 0) & (targets < vocab)
-    return torch.where(in_range, targets, 0).long(), in_range
+def safe_targets(target_ids: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target_ids clamped into [0, V) as int64, whether each one was in range): what a row reads."""
+    in_range = (target_ids >= 0) & (target_ids < vocab)
+    return torch.where(in_range, target_ids, 0).long(), in_range
 
 
 class _TorchLoss(Kernel):
@@ -48,24 +48,24 @@ class _TorchLoss(Kernel):
 
 
 class TorchCpuCrossEntropyRows(_TorchLoss, CrossEntropyRowsInterface):
-    def forward(self, logits, targets):
+    def forward(self, logits, target_ids):
         call = self.call
         z = capped(logits, call.softcap)
         lse = torch.logsumexp(z, -1)
-        index, in_range = safe_targets(targets, z.shape[-1])
+        index, in_range = safe_targets(target_ids, z.shape[-1])
         picked = z.gather(-1, index[:, None])[:, 0]
         loss = lse - (1.0 - call.label_smoothing) * picked
         if call.label_smoothing:
             loss = loss - call.label_smoothing / z.shape[-1] * z.sum(-1)
         if call.lse_square_scale:
             loss = loss + call.lse_square_scale * lse.square()
-        ignored = targets == call.ignore_index
+        ignored = target_ids == call.ignore_index
         loss = torch.where(ignored, 0.0, torch.where(in_range, loss, float("nan")))
         return loss, lse
 
 
 class TorchCpuCrossEntropyGrad(_TorchLoss, CrossEntropyGradInterface):
-    def forward(self, logits, targets, lse, softmax_scale, target_scale, dlogits):
+    def forward(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits):
         call = self.call
         wide = compute_dtype(logits.dtype)
         z = capped(logits, call.softcap)
@@ -74,7 +74,7 @@ class TorchCpuCrossEntropyGrad(_TorchLoss, CrossEntropyGradInterface):
         grad = a * torch.exp(z - lse.to(wide)[:, None])
         if call.label_smoothing:
             grad = grad - b * (call.label_smoothing / vocab)
-        index, in_range = safe_targets(targets, vocab)
+        index, in_range = safe_targets(target_ids, vocab)
         hit = b[:, 0] * (1.0 - call.label_smoothing) * in_range
         grad = grad.scatter_add(-1, index[:, None], -hit[:, None])
         if call.softcap is not None:

@@ -4,7 +4,7 @@ cross-entropy row kernels (in-tree or a backend's) is written against.
 Two steps serve every op of the family, the fused linear cross-entropy included:
 
 - ``CrossEntropyRowsInterface``: each row's loss and log-sum-exp from (N, V) logits and (N,)
-  targets, in float32 (float64 for float64 logits). The op reduces the rows (mean or sum) itself,
+  target_ids, in float32 (float64 for float64 logits). The op reduces the rows (mean or sum) itself,
   which costs a few microseconds on N floats and keeps one kernel for every reduction.
 - ``CrossEntropyGradInterface``: the gradient of the logits from per-row coefficients, written
   into a tensor the caller gives (a new one, or the logits themselves when the caller no longer
@@ -52,8 +52,8 @@ class CrossEntropyRowsInterface(KernelInterface):
     call_spec = CrossEntropyCall
 
     @abc.abstractmethod
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, lse)`` for contiguous (N, V) ``logits`` and (N,) ``targets``, two new (N,)
+    def forward(self, logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, lse)`` for contiguous (N, V) ``logits`` and (N,) ``target_ids``, two new (N,)
         float32 tensors (float64 for float64 logits).
 
         With z = softcap * tanh(logits / softcap) (z = logits without softcap) and
@@ -70,7 +70,7 @@ class CrossEntropyGradInterface(KernelInterface):
     def forward(
         self,
         logits: torch.Tensor,
-        targets: torch.Tensor,
+        target_ids: torch.Tensor,
         lse: torch.Tensor,
         softmax_scale: torch.Tensor,
         target_scale: torch.Tensor,
@@ -79,7 +79,7 @@ class CrossEntropyGradInterface(KernelInterface):
         """Write the gradient of the logits into ``dlogits`` and return it.
 
         For contiguous (N, V) ``logits`` and ``dlogits`` (of the logits' dtype; ``dlogits`` may be
-        ``logits`` itself: each element is read before it is written), (N,) ``targets``, and (N,)
+        ``logits`` itself: each element is read before it is written), (N,) ``target_ids``, and (N,)
         float32 ``lse``, ``softmax_scale`` (a) and ``target_scale`` (b):
         dlogits[r, j] = (a[r] * exp(z[r, j] - lse[r]) - b[r] * ((1 - label_smoothing) * (j == t[r])
         + label_smoothing / V)) * dz/dlogits[r, j], z and dz/dlogits as soft-capping makes them

@@ -1,10 +1,10 @@
 """The fused linear cross-entropy: ``LinearCrossEntropyFwdOp`` and its backward op.
 
-The logits hidden @ weight.T (+ bias) are computed a chunk of rows at a time through
+The logits hidden_states @ weight.T (+ bias) are computed a chunk of rows at a time through
 ``torch.nn.functional.linear`` (cuBLAS on CUDA), so that no more than one chunk's logits exist at
 once. Each chunk runs the cross-entropy rows step (its rows' loss and lse); a differentiated call
 also runs the grad step in place over the chunk's logits (a unit loss gradient: 1 per row for
-'sum', 1 / count for 'mean') and accumulates the gradients of hidden (this chunk's rows), weight
+'sum', 1 / count for 'mean') and accumulates the gradients of hidden_states (this chunk's rows), weight
 and bias by GEMM. They are saved as the backward op's ``grad_*`` inputs, and the backward
 multiplies them by the incoming gradient: the logits are computed once per training step.
 
@@ -27,7 +27,7 @@ from .ops import _LossOp, check_targets
 
 
 def chunk_rows(rows: int, hidden_size: int, vocab: int) -> int:
-    """Rows per chunk: the most whose (rows, V) logits fit in the memory of the (N, H) hidden
+    """Rows per chunk: the most whose (rows, V) logits fit in the memory of the (N, H) hidden states
     states, at least one."""
     return max(1, min(rows, math.ceil(rows * hidden_size / vocab)))
 
@@ -37,37 +37,37 @@ class _LinearLossOp(_LossOp):
 
     def call_specs(self, device, inputs):
         """The call specs a call with ``inputs`` (descriptions) gets: those of its chunks' logits,
-        which are hidden's dtype, V wide and allocated by torch (16-byte aligned)."""
-        hidden, weight, targets = inputs["hidden"], inputs["weight"], inputs["targets"]
+        which are hidden_states' dtype, V wide and allocated by torch (16-byte aligned)."""
+        hidden_states, weight, target_ids = inputs["hidden_states"], inputs["weight"], inputs["target_ids"]
         vocab = weight.shape[0]
-        target_dtype = targets.dtype if targets.dtype in (torch.int64, torch.int32) else torch.int64
-        is_aligned = not (vocab * hidden.dtype.itemsize) % 16
-        fields = (device, hidden.dtype, vocab, target_dtype, is_aligned)
+        target_dtype = target_ids.dtype if target_ids.dtype in (torch.int64, torch.int32) else torch.int64
+        is_aligned = not (vocab * hidden_states.dtype.itemsize) % 16
+        fields = (device, hidden_states.dtype, vocab, target_dtype, is_aligned)
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
-    def chunks(self, hidden, weight, bias, targets, *, gradients: bool):
+    def chunks(self, hidden_states, weight, bias, target_ids, *, gradients: bool):
         """(loss, grad_hidden, grad_weight, grad_bias) for a unit loss gradient; the gradients
         are None without ``gradients``."""
         params = self.params
-        rows, vocab = hidden.shape[0], weight.shape[0]
-        check_targets(type(self).__name__, targets, vocab, params["ignore_index"])
-        wide = compute_dtype(hidden.dtype)
-        keep = targets != params["ignore_index"]
+        rows, vocab = hidden_states.shape[0], weight.shape[0]
+        check_targets(type(self).__name__, target_ids, vocab, params["ignore_index"])
+        wide = compute_dtype(hidden_states.dtype)
+        keep = target_ids != params["ignore_index"]
         count = keep.sum()
-        total = torch.zeros((), dtype=wide, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if gradients else None
+        total = torch.zeros((), dtype=wide, device=hidden_states.device)
+        grad_hidden = torch.empty_like(hidden_states) if gradients else None
         grad_weight = torch.zeros_like(weight) if gradients else None
-        grad_bias = torch.zeros(vocab, dtype=wide, device=hidden.device) if gradients else None
+        grad_bias = torch.zeros(vocab, dtype=wide, device=hidden_states.device) if gradients else None
         # A unit gradient of the loss, per row: 1 for 'sum', 1 / count for 'mean' (0 / 0 rows:
         # every row is ignored and gets 0 below).
-        unit = torch.ones((), dtype=wide, device=hidden.device)
+        unit = torch.ones((), dtype=wide, device=hidden_states.device)
         if params["reduction"] == "mean":
             unit = unit / count
-        step = chunk_rows(rows, hidden.shape[1], vocab)
+        step = chunk_rows(rows, hidden_states.shape[1], vocab)
         for start in range(0, rows, step):
             part = slice(start, min(rows, start + step))
-            logits = F.linear(hidden[part], weight, bias)
-            chunk_targets = targets[part]
+            logits = F.linear(hidden_states[part], weight, bias)
+            chunk_targets = target_ids[part]
             losses, lse = self.rows_of(logits, chunk_targets)
             total = total + losses.sum()
             if not gradients:
@@ -75,29 +75,29 @@ class _LinearLossOp(_LossOp):
             softmax_scale, target_scale = self.coefficients(unit, None, chunk_targets, lse.to(wide))
             dlogits = self.gradient(logits, chunk_targets, lse.to(wide), softmax_scale, target_scale, logits)
             torch.matmul(dlogits, weight, out=grad_hidden[part])
-            grad_weight.addmm_(dlogits.t(), hidden[part])
+            grad_weight.addmm_(dlogits.t(), hidden_states[part])
             grad_bias += dlogits.sum(0, dtype=wide)
         loss = total if params["reduction"] == "sum" else total / count
         if gradients:
-            return loss, grad_hidden, grad_weight, grad_bias.to(hidden.dtype)
+            return loss, grad_hidden, grad_weight, grad_bias.to(hidden_states.dtype)
         return loss, None, None, None
 
-    def rows_of(self, logits, targets):
+    def rows_of(self, logits, target_ids):
         """The rows step on one chunk (the targets are checked once, for all chunks)."""
         if logits.shape[0] == 0:
             empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
             return empty, empty.clone()
         vocab = logits.shape[-1]
         kernel = self.kernel_for(
-            CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, targets.dtype,
+            CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, target_ids.dtype,
             not (logits.data_ptr() % 16 or (vocab * logits.dtype.itemsize) % 16),
         )
-        return kernel.forward(logits, targets)
+        return kernel.forward(logits, target_ids)
 
 
 class LinearCrossEntropyFwdOp(_LinearLossOp):
-    """Cross-entropy of ``hidden @ weight.T (+ bias)`` without the whole logits:
-    ``op(hidden, weight, bias=None, targets) -> loss``."""
+    """Cross-entropy of ``hidden_states @ weight.T (+ bias)`` without the whole logits:
+    ``op(hidden_states, weight, bias=None, target_ids) -> loss``."""
 
     def __init__(
         self,
@@ -114,18 +114,18 @@ class LinearCrossEntropyFwdOp(_LinearLossOp):
             lse_square_scale=lse_square_scale, softcap=softcap, target=target,
         )
 
-    def forward(self, hidden, weight, bias, targets):
-        loss, *_ = self.chunks(hidden, weight, bias, targets, gradients=False)
-        return loss.to(hidden.dtype)
+    def forward(self, hidden_states, weight, bias, target_ids):
+        loss, *_ = self.chunks(hidden_states, weight, bias, target_ids, gradients=False)
+        return loss.to(hidden_states.dtype)
 
-    def forward_saving(self, hidden, weight, bias, targets):
-        loss, grad_hidden, grad_weight, grad_bias = self.chunks(hidden, weight, bias, targets, gradients=True)
-        return loss.to(hidden.dtype), (grad_hidden, grad_weight, grad_bias)
+    def forward_saving(self, hidden_states, weight, bias, target_ids):
+        loss, grad_hidden, grad_weight, grad_bias = self.chunks(hidden_states, weight, bias, target_ids, gradients=True)
+        return loss.to(hidden_states.dtype), (grad_hidden, grad_weight, grad_bias)
 
 
 class LinearCrossEntropyBwdOp(_LinearLossOp):
     """Gradients of ``LinearCrossEntropyFwdOp``:
-    ``op(dloss, hidden, weight, bias, targets, grad_hidden, grad_weight, grad_bias) -> (dhidden, dweight, dbias)``."""
+    ``op(dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias) -> (dhidden, dweight, dbias)``."""
 
     def __init__(
         self,
@@ -142,8 +142,8 @@ class LinearCrossEntropyBwdOp(_LinearLossOp):
             lse_square_scale=lse_square_scale, softcap=softcap, target=target,
         )
 
-    def forward(self, dloss, hidden, weight, bias, targets, grad_hidden, grad_weight, grad_bias):
+    def forward(self, dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias):
         if grad_hidden is None or grad_weight is None or grad_bias is None:
-            _, grad_hidden, grad_weight, grad_bias = self.chunks(hidden, weight, bias, targets, gradients=True)
-        scale = dloss.to(compute_dtype(hidden.dtype))
-        return tuple((grad * scale).to(hidden.dtype) for grad in (grad_hidden, grad_weight, grad_bias))
+            _, grad_hidden, grad_weight, grad_bias = self.chunks(hidden_states, weight, bias, target_ids, gradients=True)
+        scale = dloss.to(compute_dtype(hidden_states.dtype))
+        return tuple((grad * scale).to(hidden_states.dtype) for grad in (grad_hidden, grad_weight, grad_bias))

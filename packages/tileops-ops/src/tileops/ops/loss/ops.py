@@ -32,7 +32,7 @@ def aligned(vocab: int, *tensors) -> bool:
     return not address % _ALIGNMENT and not (vocab * tensors[0].dtype.itemsize) % _ALIGNMENT
 
 
-def check_targets(op_name: str, targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
+def check_targets(op_name: str, target_ids: torch.Tensor, vocab: int, ignore_index: int) -> None:
     """Refuse a target that is neither ``ignore_index`` nor in [0, vocab), naming the op, the
     argument, the first bad value and the range.
 
@@ -40,14 +40,14 @@ def check_targets(op_name: str, targets: torch.Tensor, vocab: int, ignore_index:
     graph is being captured no read back is allowed, so the check is skipped there; the kernels
     then read nothing out of bounds for such a target and give its row a NaN loss.
     """
-    if targets.numel() == 0 or (targets.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if target_ids.numel() == 0 or (target_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
-    bad = ((targets < 0) | (targets >= vocab)) & (targets != ignore_index)
+    bad = ((target_ids < 0) | (target_ids >= vocab)) & (target_ids != ignore_index)
     if not bool(bad.any()):
         return
     row = int(bad.nonzero()[0, 0])
     raise OpArgumentError(
-        f"{op_name}: argument 'targets' holds {int(targets[row])} at row {row}; expected a class in [0, {vocab}) "
+        f"{op_name}: argument 'target_ids' holds {int(target_ids[row])} at row {row}; expected a class in [0, {vocab}) "
         f"(V = {vocab}) or ignore_index ({ignore_index})"
     )
 
@@ -72,40 +72,40 @@ class _LossOp(Op):
 
     def call_specs(self, device, inputs):
         """The call specs a call with ``inputs`` (descriptions) gets, built as ``forward`` builds them."""
-        logits, targets = inputs["logits"], inputs["targets"]
+        logits, target_ids = inputs["logits"], inputs["target_ids"]
         vocab = logits.shape[-1]
         # A description may give every input the call's float dtype; targets are int64 then.
-        target_dtype = targets.dtype if targets.dtype in (torch.int64, torch.int32) else torch.int64
+        target_dtype = target_ids.dtype if target_ids.dtype in (torch.int64, torch.int32) else torch.int64
         fields = (device, logits.dtype, vocab, target_dtype, aligned(vocab, logits))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
-    def rows(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows(self, logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's loss and lse (``CrossEntropyRowsInterface``), the targets checked first."""
         vocab = logits.shape[-1]
-        check_targets(type(self).__name__, targets, vocab, self.params["ignore_index"])
+        check_targets(type(self).__name__, target_ids, vocab, self.params["ignore_index"])
         if logits.shape[0] == 0:
             empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
             return empty, empty.clone()
         kernel = self.kernel_for(
-            CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, targets.dtype, aligned(vocab, logits)
+            CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, target_ids.dtype, aligned(vocab, logits)
         )
-        return kernel.forward(logits, targets)
+        return kernel.forward(logits, target_ids)
 
-    def gradient(self, logits, targets, lse, softmax_scale, target_scale, dlogits) -> torch.Tensor:
+    def gradient(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits) -> torch.Tensor:
         """The grad step (``CrossEntropyGradInterface``) into ``dlogits``."""
         if logits.shape[0] == 0:
             return dlogits
         vocab = logits.shape[-1]
         kernel = self.kernel_for(
-            CrossEntropyGradInterface, logits.device, logits.dtype, vocab, targets.dtype, aligned(vocab, logits, dlogits)
+            CrossEntropyGradInterface, logits.device, logits.dtype, vocab, target_ids.dtype, aligned(vocab, logits, dlogits)
         )
-        return kernel.forward(logits, targets, lse, softmax_scale, target_scale, dlogits)
+        return kernel.forward(logits, target_ids, lse, softmax_scale, target_scale, dlogits)
 
-    def coefficients(self, row_gradient, dlse, targets, lse) -> tuple[torch.Tensor, torch.Tensor]:
+    def coefficients(self, row_gradient, dlse, target_ids, lse) -> tuple[torch.Tensor, torch.Tensor]:
         """(softmax_scale, target_scale) of the grad step: ``row_gradient`` (each row's loss
         gradient, a tensor of one element or N) zeroed on ignored rows, then z-loss's factor and
         lse's own gradient on the softmax term."""
-        keep = targets != self.params["ignore_index"]
+        keep = target_ids != self.params["ignore_index"]
         target_scale = torch.where(keep, row_gradient.to(lse.dtype), 0.0)
         scale = self.params["lse_square_scale"]
         softmax_scale = target_scale * (1.0 + 2.0 * scale * lse) if scale else target_scale
@@ -126,18 +126,18 @@ class _LossOp(Op):
         return self.forward(*inputs, **outs), ()
 
 
-def reduce_rows(rows: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+def reduce_rows(rows: torch.Tensor, target_ids: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
     """The rows' losses summed, or averaged over the rows not ignored (0 / 0 = nan where every
     row is ignored, as torch gives)."""
     total = rows.sum()
     if reduction == "sum":
         return total
-    return total / (targets != ignore_index).sum()
+    return total / (target_ids != ignore_index).sum()
 
 
 class CrossEntropyFwdOp(_LossOp):
     """``torch.nn.functional.cross_entropy`` (reduction mean or sum) with z-loss and soft-capping:
-    ``op(logits, targets) -> (loss, lse)``."""
+    ``op(logits, target_ids) -> (loss, lse)``."""
 
     kernel_interfaces = (CrossEntropyRowsInterface,)
 
@@ -156,14 +156,14 @@ class CrossEntropyFwdOp(_LossOp):
             lse_square_scale=lse_square_scale, softcap=softcap, target=target,
         )
 
-    def forward(self, logits, targets):
-        rows, lse = self.rows(logits, targets)
-        loss = reduce_rows(rows, targets, self.params["ignore_index"], self.params["reduction"])
+    def forward(self, logits, target_ids):
+        rows, lse = self.rows(logits, target_ids)
+        loss = reduce_rows(rows, target_ids, self.params["ignore_index"], self.params["reduction"])
         return loss.to(logits.dtype), lse.float()
 
 
 class CrossEntropyBwdOp(_LossOp):
-    """Gradient of ``CrossEntropyFwdOp``: ``op(dloss, dlse, logits, targets, lse) -> dlogits``."""
+    """Gradient of ``CrossEntropyFwdOp``: ``op(dloss, dlse, logits, target_ids, lse) -> dlogits``."""
 
     kernel_interfaces = (CrossEntropyGradInterface,)
 
@@ -182,18 +182,18 @@ class CrossEntropyBwdOp(_LossOp):
             lse_square_scale=lse_square_scale, softcap=softcap, target=target,
         )
 
-    def forward(self, dloss, dlse, logits, targets, lse):
+    def forward(self, dloss, dlse, logits, target_ids, lse):
         lse = self.wide_lse(logits, lse)
         row_gradient = dloss.to(lse.dtype)
         if self.params["reduction"] == "mean":
-            row_gradient = row_gradient / (targets != self.params["ignore_index"]).sum()
-        softmax_scale, target_scale = self.coefficients(row_gradient, dlse, targets, lse)
-        return self.gradient(logits, targets, lse, softmax_scale, target_scale, torch.empty_like(logits))
+            row_gradient = row_gradient / (target_ids != self.params["ignore_index"]).sum()
+        softmax_scale, target_scale = self.coefficients(row_gradient, dlse, target_ids, lse)
+        return self.gradient(logits, target_ids, lse, softmax_scale, target_scale, torch.empty_like(logits))
 
 
 class CrossEntropyPerRowFwdOp(_LossOp):
     """``torch.nn.functional.cross_entropy(..., reduction='none')`` with z-loss and soft-capping:
-    ``op(logits, targets) -> (loss, lse)``, one loss per row."""
+    ``op(logits, target_ids) -> (loss, lse)``, one loss per row."""
 
     kernel_interfaces = (CrossEntropyRowsInterface,)
 
@@ -211,13 +211,13 @@ class CrossEntropyPerRowFwdOp(_LossOp):
             softcap=softcap, target=target,
         )
 
-    def forward(self, logits, targets):
-        rows, lse = self.rows(logits, targets)
+    def forward(self, logits, target_ids):
+        rows, lse = self.rows(logits, target_ids)
         return rows.to(logits.dtype), lse.float()
 
 
 class CrossEntropyPerRowBwdOp(_LossOp):
-    """Gradient of ``CrossEntropyPerRowFwdOp``: ``op(dloss, dlse, logits, targets, lse) -> dlogits``."""
+    """Gradient of ``CrossEntropyPerRowFwdOp``: ``op(dloss, dlse, logits, target_ids, lse) -> dlogits``."""
 
     kernel_interfaces = (CrossEntropyGradInterface,)
 
@@ -235,7 +235,7 @@ class CrossEntropyPerRowBwdOp(_LossOp):
             softcap=softcap, target=target,
         )
 
-    def forward(self, dloss, dlse, logits, targets, lse):
+    def forward(self, dloss, dlse, logits, target_ids, lse):
         lse = self.wide_lse(logits, lse)
-        softmax_scale, target_scale = self.coefficients(dloss.to(lse.dtype), dlse, targets, lse)
-        return self.gradient(logits, targets, lse, softmax_scale, target_scale, torch.empty_like(logits))
+        softmax_scale, target_scale = self.coefficients(dloss.to(lse.dtype), dlse, target_ids, lse)
+        return self.gradient(logits, target_ids, lse, softmax_scale, target_scale, torch.empty_like(logits))

@@ -97,10 +97,10 @@ class CrossEntropyRowsKernel(_TileLangLoss, CrossEntropyRowsInterface):
         run_partial, run_finish = entry_function(partial), entry_function(finish)
         splits = config["splits"]
 
-        def launch(logits, targets, loss, lse):
+        def launch(logits, target_ids, loss, lse):
             spans = torch.empty((logits.shape[0], splits, 3), dtype=torch.float32, device=logits.device)
             run_partial(logits, spans)
-            run_finish(logits, targets, spans, loss, lse)
+            run_finish(logits, target_ids, spans, loss, lse)
 
         return launch
 
@@ -134,8 +134,8 @@ class CrossEntropyGradKernel(_TileLangLoss, CrossEntropyGradInterface):
         self._fast_forward = None
         self.__dict__.pop("forward", None)
 
-    def forward(self, logits, targets, lse, softmax_scale, target_scale, dlogits):
-        tensors = [logits, targets, lse, softmax_scale, target_scale, dlogits]
+    def forward(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits):
+        tensors = [logits, target_ids, lse, softmax_scale, target_scale, dlogits]
         if current_device_index() == self._launch_device:
             self._builds[0][2](*tensors)
         else:

@@ -46,7 +46,7 @@ def refusal(dtype: torch.dtype, target_dtype: torch.dtype) -> str | None:
     if dtype not in DTYPES:
         return f"takes float16, bfloat16 and float32 logits, not {dtype}"
     if target_dtype not in TARGET_DTYPES:
-        return f"takes int64 and int32 targets, not {target_dtype}"
+        return f"takes int64 and int32 target_ids, not {target_dtype}"
     return None
 
 

@@ -142,7 +142,7 @@ def make_finish(dtype, vocab, target_dtype, softcap, *, splits, ignore_index, sm
 
     @T.prim_func
     def main(
-        logits: T.Tensor((n, vocab), dt), targets: T.Tensor((n,), it), partial: T.Tensor((n, splits, 3), f32),
+        logits: T.Tensor((n, vocab), dt), target_ids: T.Tensor((n,), it), partial: T.Tensor((n, splits, 3), f32),
         loss: T.Tensor((n,), f32), lse: T.Tensor((n,), f32),
     ):
         with T.Kernel(T.ceildiv(n, threads), threads=threads) as bx:
@@ -164,7 +164,7 @@ def make_finish(dtype, vocab, target_dtype, softcap, *, splits, ignore_index, sm
                     )
                     sz[0] = sz[0] + partial[row, j, 2]
                 m[0] = m[0] + T.log2(s[0]) * _LN2
-                target = targets[row]
+                target = target_ids[row]
                 inside = target >= 0 and target < vocab
                 # A guarded read: a target outside [0, V) reads row's first logit and is NaN below.
                 picked[0] = cap(T.cast(logits[row, T.if_then_else(inside, target, 0)], f32))
@@ -191,7 +191,7 @@ def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, 
 
     @T.prim_func
     def main(
-        logits: T.Tensor((n, vocab), dt), targets: T.Tensor((n,), it), lse: T.Tensor((n,), f32),
+        logits: T.Tensor((n, vocab), dt), target_ids: T.Tensor((n,), it), lse: T.Tensor((n,), f32),
         softmax_scale: T.Tensor((n,), f32), target_scale: T.Tensor((n,), f32), dlogits: T.Tensor((n, vocab), dt),
     ):
         # Rows on the grid's x dimension (limit 2**31 - 1); a row's blocks on y (V / chunk, far below 65535).
@@ -207,7 +207,7 @@ def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, 
             shift[0] = lse[row] * _LOG2E
             a[0] = softmax_scale[row]
             b[0] = target_scale[row]
-            target = targets[row]
+            target = target_ids[row]
             for step in T.unroll(per_thread):
                 access = (bx * per_thread + step) * threads + tx
                 if access < accesses:
