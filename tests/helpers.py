@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tileops.core.call_path import CallDeclined, call_path_factory
@@ -72,3 +73,10 @@ def train_side_by_side(models, data, target, *, compiled: bool, steps: int = 5, 
             optimizer.step()
             history.append(loss.item())
     return losses
+
+
+def workload_params(cases, *, large: int = 1 << 26) -> list:
+    """``cases`` as pytest params, the workloads of more than ``large`` input elements marked
+    ``large_memory``: their float64 references take GiBs, and beside a test process per core
+    sharing the GPU they could run it out of memory, so the GPU tier runs them one at a time."""
+    return [pytest.param(case, id=case.id, marks=[pytest.mark.large_memory] * (case.elements > large)) for case in cases]

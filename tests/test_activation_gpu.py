@@ -18,6 +18,7 @@ from tileops.ops import (
     SiLUFwdOp,
     SwiGLUFwdOp,
 )
+from helpers import workload_params
 from tileops.testing import check_workload, workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +31,7 @@ def _tolerance(op_class, dtype):
     return op_class.manifest_entry().tolerance[dtype]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", workload_params(CASES))
 def test_every_workload_matches_the_reference_on_cuda(case):
     op = case.op_class(**case.workload.params)
     check_workload(op, case.workload, case.dtype, "cuda")

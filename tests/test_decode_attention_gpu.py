@@ -19,6 +19,7 @@ import torch
 from test_decode_attention_ops import assert_matches, make_call, per_sequence_reference
 from tileops.ops import FAMILIES, DecodeAttentionFwdOp
 from tileops.ops.attention.decode_cpu import decode_attention
+from helpers import workload_params
 from tileops.testing import check_workload, workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -38,11 +39,7 @@ def _kernel(op):
     return kernel
 
 
-@pytest.mark.parametrize(
-    "case",
-    [pytest.param(c, marks=pytest.mark.large_memory) if c.elements > LARGE else c for c in CASES],
-    ids=[c.id for c in CASES],
-)
+@pytest.mark.parametrize("case", workload_params(CASES, large=LARGE))
 def test_every_workload_matches_the_reference_on_cuda(case):
     op = case.op_class(**case.workload.params)
     check_workload(op, case.workload, case.dtype, "cuda")

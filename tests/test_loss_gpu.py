@@ -16,6 +16,7 @@ from tileops.ops import (
     CrossEntropyPerRowFwdOp,
     LinearCrossEntropyFwdOp,
 )
+from helpers import workload_params
 from tileops.testing import check_workload, workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.gpu
 CASES = list(workload_cases(FAMILIES["loss"]))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", workload_params(CASES))
 def test_every_workload_matches_the_reference_on_cuda(case):
     op = case.op_class(**case.workload.params)
     check_workload(op, case.workload, case.dtype, "cuda")

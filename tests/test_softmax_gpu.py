@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tileops.ops import FAMILIES, LogSoftmaxFwdOp, SoftmaxBwdOp, SoftmaxFwdOp
+from helpers import workload_params
 from tileops.testing import check_workload, workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +20,7 @@ FORWARDS = [(SoftmaxFwdOp, torch.softmax), (LogSoftmaxFwdOp, torch.log_softmax)]
 FORWARD_IDS = ["softmax", "log_softmax"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", workload_params(CASES))
 def test_every_workload_matches_the_reference_on_cuda(case):
     op = case.op_class(**case.workload.params)
     check_workload(op, case.workload, case.dtype, "cuda")
