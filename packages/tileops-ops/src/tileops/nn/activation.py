@@ -1,0 +1,106 @@
+"""The MLP modules of ``tileops.nn``: the gated activations ``SwiGLU`` and ``GeGLU``, and
+``GatedMLP``, the whole gated MLP of Llama-style models.
+
+``SwiGLU()(gate, up)`` is ``silu(gate) * up`` and ``GeGLU(approximate)(gate, up)`` is
+``gelu(gate, approximate) * up`` (``SwiGLUFwdOp``, ``GeGLUFwdOp``). Built with ``d=``, they also
+take one tensor holding ``[gate | up]`` along its last dimension, 2 * d wide (a fused gate-up
+projection's output), and return d wide (``PackedSwiGLUFwdOp``, ``PackedGeGLUFwdOp``).
+
+``GatedMLP(hidden_size, intermediate_size, activation)`` computes ``down_proj(act(gate_proj(x)) *
+up_proj(x))`` with three ``torch.nn.Linear`` children under transformers' ``LlamaMLP`` names, so a
+Llama, Mistral, Qwen or Gemma checkpoint's MLP weights load into it (``gate_proj.weight``,
+``up_proj.weight``, ``down_proj.weight``, and their biases where ``bias=True``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileops.ops import GeGLUFwdOp, PackedGeGLUFwdOp, PackedSwiGLUFwdOp, SwiGLUFwdOp
+
+__all__ = ["GatedMLP", "GeGLU", "SwiGLU"]
+
+
+class _GLU(torch.nn.Module):
+    """What the two gated activations share: the two-tensor call, and the packed one where the
+    half width ``d`` was given (an op is built before ``torch.compile`` traces a call, so its
+    width is fixed at construction)."""
+
+    def __init__(self, options: dict, d: int | None, target: str | None) -> None:
+        super().__init__()
+        self.options, self.d = options, d
+        self.op = self._two_tensor_op(**options, target=target)
+        self.packed_op = None if d is None else self._packed_op(d, **options, target=target)
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        if up is not None:
+            return self.op(gate, up)
+        if self.packed_op is None:
+            raise TypeError(f"{type(self).__name__}: a packed [gate | up] input needs the half width d at construction "
+                            f"({type(self).__name__}(d=...)); or call it with gate and up")
+        return self.packed_op(gate)
+
+    def extra_repr(self) -> str:
+        options = "".join(f"{name}={value!r}, " for name, value in {**self.options, "d": self.d}.items() if value is not None)
+        return f"{options}target={self.op.requested_target}"
+
+
+class SwiGLU(_GLU):
+    """``silu(gate) * up``: ``SwiGLU(*, d=None, target=None)``; ``forward(gate, up)``, or
+    ``forward(packed)`` for ``[gate | up]`` along the last dimension, 2 * d wide."""
+
+    _two_tensor_op = SwiGLUFwdOp
+    _packed_op = PackedSwiGLUFwdOp
+
+    def __init__(self, *, d: int | None = None, target: str | None = None) -> None:
+        super().__init__({}, d, target)
+
+
+class GeGLU(_GLU):
+    """``gelu(gate, approximate) * up``: ``GeGLU(approximate="none", *, d=None,
+    target=None)``, ``approximate`` as ``torch.nn.functional.gelu``'s ('none' or 'tanh');
+    ``forward(gate, up)``, or ``forward(packed)`` for ``[gate | up]`` along the last dimension,
+    2 * d wide."""
+
+    _two_tensor_op = GeGLUFwdOp
+    _packed_op = PackedGeGLUFwdOp
+
+    def __init__(self, approximate: str = "none", *, d: int | None = None, target: str | None = None) -> None:
+        super().__init__({"approximate": approximate}, d, target)
+
+
+#: GatedMLP's activation names, and the gated module each is.
+ACTIVATIONS = {
+    "silu": lambda target: SwiGLU(target=target),
+    "gelu": lambda target: GeGLU("none", target=target),
+    "gelu_tanh": lambda target: GeGLU("tanh", target=target),
+}
+
+
+class GatedMLP(torch.nn.Module):
+    """``down_proj(act(gate_proj(x)) * up_proj(x))``, the MLP of Llama-style models, with the
+    gated product on a TileOPs op: ``GatedMLP(hidden_size, intermediate_size, activation="silu",
+    bias=False, device=None, dtype=None, *, target=None)``. ``activation`` is ``"silu"``
+    (SwiGLU: Llama, Mistral, Qwen), ``"gelu"`` or ``"gelu_tanh"`` (GeGLU: Gemma's
+    ``gelu_pytorch_tanh``). The projections are ``torch.nn.Linear`` (torch's GEMMs); the
+    ``state_dict`` is transformers' ``LlamaMLP``'s."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False,
+                 device=None, dtype=None, *, target: str | None = None) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"GatedMLP: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        factory = {"bias": bias, "device": device, "dtype": dtype}
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.activation = activation
+        self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **factory)
+        self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **factory)
+        self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **factory)
+        self.act = ACTIVATIONS[activation](target)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, {self.intermediate_size}, activation={self.activation!r}"
