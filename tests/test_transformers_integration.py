@@ -70,23 +70,41 @@ def tokens(batch: int = 2, length: int = 12) -> torch.Tensor:
     return torch.randint(0, TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))
 
 
+#: What apply() replaces in each listed architecture besides the norms: per layer, the MLP, the
+#: attention module's rotation and its attention function; and the model's loss, twice.
+def expected_replacements(architecture: str) -> list[tuple[str, str]]:
+    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}[architecture]
+    original, replacement, count = NORMS[architecture]
+    per_layer = [(f"{prefix}MLP", "tileops.nn.GatedMLP"), (f"{prefix}Attention: apply_rotary_pos_emb", "RotaryEmbeddingFwdOp"),
+                 (f"{prefix}Attention: sdpa attention", "AttentionFwdOp (sdpa where a mask is given)")]
+    return sorted([(original, f"tileops.integrations.transformers.{replacement.__name__}")] * count + per_layer * TINY["num_hidden_layers"]
+                  + [("ForCausalLMLoss", "CrossEntropyFwdOp"),
+                     (f"{prefix}ForCausalLM.forward", "LinearCrossEntropyFwdOp in training with labels (no logits)")])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("architecture", sorted(CONFIGS))
 def test_the_patched_model_computes_and_trains_as_the_unpatched_one(architecture, dtype):
     reference, model, report = patched_pair(architecture, dtype)
-    original, replacement, count = NORMS[architecture]
-    assert [r.original for r in report.replaced] == [original] * count
-    assert all(type(model.get_submodule(r.path)) is replacement for r in report.replaced)
+    assert sorted((r.original, r.replacement) for r in report.replaced) == expected_replacements(architecture)
+    assert [(r.kind, r.path) for r in report.left] == [("rotary embedding", "model.rotary_emb")]
+    assert all(type(model.get_submodule(r.path)) is NORMS[architecture][1] for r in report.replaced if "RMSNorm" in r.original)
+    assert model.config._attn_implementation == "tileops"
     assert model.state_dict().keys() == reference.state_dict().keys()
     ids = tokens()
 
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, **TOLERANCE[dtype])
+        # In eval mode a loss comes from the logits, through the model's loss_function.
+        torch.testing.assert_close(model(ids, labels=ids).loss, reference(ids, labels=ids).loss, **TOLERANCE[dtype])
 
-    loss, loss_reference = model(ids, labels=ids).loss, reference(ids, labels=ids).loss
-    torch.testing.assert_close(loss, loss_reference, **TOLERANCE[dtype])
-    loss.backward()
-    loss_reference.backward()
+    model.train()
+    reference.train()
+    output, output_reference = model(ids, labels=ids), reference(ids, labels=ids)
+    assert output.logits is None  # the fused linear cross-entropy never computed them
+    torch.testing.assert_close(output.loss, output_reference.loss, **TOLERANCE[dtype])
+    output.loss.backward()
+    output_reference.loss.backward()
     expected = dict(reference.named_parameters())
     for name, parameter in model.named_parameters():
         assert parameter.grad.dtype == dtype, name
@@ -107,7 +125,8 @@ def test_the_norms_of_architectures_outside_the_list_are_probed_and_replaced(con
                 parameter.add_(0.2 * torch.randn_like(parameter))
     model = copy.deepcopy(reference)
     report = tileops_hf.apply(model)
-    assert [(r.original, r.replacement) for r in report.replaced] == [(original, f"tileops.integrations.transformers.{replacement.__name__}")] * count
+    norms = [(r.original, r.replacement) for r in report.replaced if r.original.endswith("RMSNorm")]
+    assert norms == [(original, f"tileops.integrations.transformers.{replacement.__name__}")] * count
     ids = tokens()
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, **TOLERANCE[torch.float32])
@@ -129,14 +148,64 @@ def test_a_replacement_holds_the_replaced_modules_own_parameters():
     assert not torch.equal(model.model.layers[0].self_attn.q_norm.weight, before)
 
 
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """The calls the attention function hands to transformers' sdpa function (a mask tensor:
+    padding), counted; the others ran on AttentionFwdOp."""
+    from tileops.integrations.transformers import attention
+
+    attention.register()
+    calls = []
+    sdpa = attention._sdpa
+
+    def counted(module, query, key, value, attention_mask, **kwargs):
+        calls.append(attention_mask is not None)
+        return sdpa(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(attention, "_sdpa", counted)
+    return calls
+
+
 @pytest.mark.parametrize("architecture", sorted(CONFIGS))
-def test_generate_runs_with_the_kv_cache_and_picks_the_same_tokens(architecture):
+def test_generate_runs_with_the_kv_cache_and_picks_the_same_tokens(architecture, sdpa_calls):
     reference, model, _ = patched_pair(architecture)
-    ids = tokens(1, 5)
+    ids = tokens(2, 5)
     options = {"max_new_tokens": 4, "do_sample": False, "use_cache": True, "pad_token_id": 0}
     generated = model.generate(ids, **options)
-    assert generated.shape == (1, 9)
+    assert generated.shape == (2, 9)
     assert torch.equal(generated, reference.generate(ids, **options))
+    assert sdpa_calls == []  # the prefill and each decode step (1 query over the cache) ran on the op
+
+    # Left padding in a batch: the mask builder gives a mask, and those calls go to sdpa.
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    generated = model.generate(ids, attention_mask=mask, **options)
+    assert torch.equal(generated, reference.generate(ids, attention_mask=mask, **options))
+    assert sdpa_calls and all(sdpa_calls)
+
+
+def test_attention_without_a_mask_computes_what_sdpa_computes():
+    # Without a mask tensor transformers' sdpa function masks causally where there is more than
+    # one query: one query (a decode step) sees the whole cache, and more queries than keys
+    # come only from a prefill into an empty static cache, aligned to the top left.
+    from tileops.integrations.transformers import attention
+
+    _, model, _ = patched_pair("llama")
+    module = model.model.layers[0].self_attn
+    key, value = torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
+    for q_length in (1, 3, 7):
+        query = torch.randn(2, 4, q_length, 16)
+        got, weights = attention.attention(module, query, key, value, None, scaling=module.scaling)
+        expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=q_length > 1, scale=module.scaling,
+                                                                    enable_gqa=True)
+        torch.testing.assert_close(got, expected.transpose(1, 2))
+        assert weights is None
+    query = torch.randn(2, 4, 7, 16)
+    window = attention.attention(module, query, key, value, None, scaling=module.scaling, sliding_window=3)[0]
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    band = (j <= i) & (j > i - 3)  # transformers' window: the 3 keys up to the query's own
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=band, scale=module.scaling, enable_gqa=True)
+    torch.testing.assert_close(window, expected.transpose(1, 2))
 
 
 def test_the_compiled_patched_model_trains_in_one_graph():
@@ -144,6 +213,8 @@ def test_the_compiled_patched_model_trains_in_one_graph():
     # autograd formulas included) without the minutes inductor's C++ code generation takes on a
     # CPU; tests/test_nn.py compiles the modules with inductor.
     reference, model, report = patched_pair("qwen3")
+    model.train()
+    reference.train()
     ids = tokens()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     loss = compiled(ids, labels=ids).loss
@@ -151,40 +222,48 @@ def test_the_compiled_patched_model_trains_in_one_graph():
     loss_reference = reference(ids, labels=ids).loss
     loss_reference.backward()
     torch.testing.assert_close(loss, loss_reference)
-    torch.testing.assert_close(model.model.layers[0].self_attn.q_norm.weight.grad, reference.model.layers[0].self_attn.q_norm.weight.grad)
+    for name in ("self_attn.q_norm.weight", "self_attn.q_proj.weight", "mlp.gate_proj.weight"):
+        torch.testing.assert_close(model.model.layers[0].get_parameter(name).grad, reference.model.layers[0].get_parameter(name).grad)
+    torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad)
 
 
 def test_the_report_lists_what_was_replaced_and_what_was_left():
     _, model, report = patched_pair("qwen3")
-    assert {r.path for r in report.replaced} == {
-        "model.norm",
-        *(f"model.layers.{i}.{name}" for i in range(2)
-          for name in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")),
-    }
-    left = {(r.path, r.kind) for r in report.left}
-    assert left == {
-        ("model.layers.0.self_attn", "attention"), ("model.layers.1.self_attn", "attention"),
-        ("model.layers.0.mlp", "MLP activation"), ("model.layers.1.mlp", "MLP activation"),
-        ("model.rotary_emb", "rotary embedding"), ("loss_function", "loss"),
-    }
-    assert all(r.reason.startswith(tileops_hf.NOT_YET) for r in report.left)
     text = str(report)
-    assert text.splitlines()[0] == "TileOPs in Qwen3ForCausalLM: 9 modules replaced, 6 parts left"
+    assert text.splitlines()[0] == "TileOPs in Qwen3ForCausalLM: 17 parts replaced, 1 part left"
     assert ("  Qwen3RMSNorm -> tileops.integrations.transformers.LlamaRMSNorm (9): model.layers.{0-1}.self_attn.q_norm, "
             "model.layers.{0-1}.self_attn.k_norm, model.layers.{0-1}.input_layernorm, "
             "model.layers.{0-1}.post_attention_layernorm, model.norm") in text
-    assert "  MLP activation: Qwen3MLP (2): model.layers.{0-1}.mlp: not patched yet: no TileOPs op (activation SiLUActivation)" in text
-    assert "  loss: ForCausalLMLoss (1): loss_function: not patched yet: no TileOPs op" in text
+    assert "  Qwen3MLP -> tileops.nn.GatedMLP (2): model.layers.{0-1}.mlp" in text
+    assert "  Qwen3Attention: apply_rotary_pos_emb -> RotaryEmbeddingFwdOp (2): model.layers.{0-1}.self_attn" in text
+    assert "  Qwen3Attention: sdpa attention -> AttentionFwdOp (sdpa where a mask is given) (2): model.layers.{0-1}.self_attn" in text
+    assert "  ForCausalLMLoss -> CrossEntropyFwdOp (1): loss_function" in text
+    assert "  Qwen3ForCausalLM.forward -> LinearCrossEntropyFwdOp in training with labels (no logits) (1): forward" in text
+    assert "  rotary embedding: Qwen3RotaryEmbedding (1): model.rotary_emb: it computes the cos and sin tables, in torch" in text
 
     again = tileops_hf.apply(model)  # a second call replaces nothing
-    assert not again.replaced and {r.reason for r in again.left if r.kind == "norm"} == {"already a TileOPs module"}
+    assert not again.replaced
+    assert {r.reason for r in again.left if r.kind in ("norm", "MLP activation")} == {"already a TileOPs module"}
+    assert {r.reason for r in again.left if r.kind == "attention"} == {"already on TileOPs"}
+
+    kept = tiny_model("qwen3")
+    partial = tileops_hf.apply(kept, attention=False, fused_loss=False)
+    assert kept.config._attn_implementation == "sdpa"
+    assert {r.reason for r in partial.left if r.kind == "attention"} == {"apply(attention=False)"}
+    kept.train()
+    assert kept(tokens(), labels=tokens()).logits is not None
 
 
 def test_target_reaches_every_replacement():
     model = tiny_model("llama")
     report = tileops_hf.apply(model, target="builtin")
     assert "(target builtin)" in str(report)
-    assert {model.get_submodule(r.path).op.requested_target for r in report.replaced} == {"builtin"}
+    modules = {model.get_submodule(r.path) for r in report.replaced if "RMSNorm" in r.original or "MLP" in r.original}
+    assert {getattr(m, "op", getattr(m, "act", None) and m.act.op).requested_target for m in modules} == {"builtin"}
+    attention_ops = model.model.layers[0].self_attn.tileops_attention
+    assert {op.requested_target for op in attention_ops.ops.values()} == {"builtin"}
+    assert {op.requested_target for op in model.tileops_linear_loss} == {"builtin"}
+    assert {model.loss_function.mean.requested_target, model.loss_function.sum.requested_target} == {"builtin"}
 
 
 def test_a_module_with_hooks_is_left_and_said_so():
@@ -201,7 +280,7 @@ def test_loading_and_patching_in_one_step_and_checkpoints_are_unchanged(tmp_path
     reference.save_pretrained(tmp_path)
     model = tileops_hf.from_pretrained(transformers.AutoModelForCausalLM, str(tmp_path))
     assert isinstance(model.model.norm, tileops_hf.GemmaRMSNorm)
-    assert len(model.tileops_report.replaced) == 5
+    assert len(model.tileops_report.replaced) == 13  # 5 norms; per layer the MLP, the rotation, attention; the loss twice
     torch.testing.assert_close(model.model.norm.weight, reference.model.norm.weight)
 
     config_model = tileops_hf.patched(transformers.AutoModelForCausalLM.from_config, target="builtin")(reference.config)
@@ -343,6 +422,8 @@ def test_on_cuda_the_patched_model_computes_trains_and_generates_as_the_unpatche
     ids = tokens(2, 64).cuda()
     with torch.no_grad():  # logits up to about 2: an ulp of bfloat16 there is 0.0156
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1.6e-2, atol=2e-2)
+    model.train()
+    reference.train()
     loss, loss_reference = model(ids, labels=ids).loss, reference(ids, labels=ids).loss
     torch.testing.assert_close(loss, loss_reference, **TOLERANCE[torch.bfloat16])
     loss.backward()
@@ -350,18 +431,27 @@ def test_on_cuda_the_patched_model_computes_trains_and_generates_as_the_unpatche
     expected = dict(reference.named_parameters())
     for name, parameter in model.named_parameters():
         assert_gradients_close(parameter.grad, expected[name].grad, name)
-    for replaced in report.replaced:  # every norm ran a TileLang kernel, none the CPU's
-        kernels = model.get_submodule(replaced.path).op.built_kernels()
-        assert kernels and all(type(kernel).__module__.startswith("tileops.kernels.cuda") for _, kernel in kernels), replaced.path
-    generated = model.generate(ids[:1, :8], max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
-    assert generated.shape == (1, 12)
+    layer = model.model.layers[0]
+    ops = [model.get_submodule(r.path).op for r in report.replaced if "RMSNorm" in r.original]
+    ops += [layer.mlp.act.op, *model.tileops_linear_loss, *(op for op in layer.self_attn.tileops_attention.ops.values() if op.built_kernels())]
+    for op in ops:  # every op that ran, ran a TileLang kernel, none the CPU's
+        kernels = op.built_kernels()
+        assert kernels and all(type(kernel).__module__.startswith("tileops.kernels.cuda") for _, kernel in kernels), type(op).__name__
+    model.eval()
+    reference.eval()
+    options = {"max_new_tokens": 4, "do_sample": False, "use_cache": True, "pad_token_id": 0}
+    generated = model.generate(ids[:, :8], **options)
+    assert generated.shape == (2, 12)
+    # Greedy tokens of a bfloat16 model may part where two logits tie within rounding: the first
+    # new token, from the same prompt, must agree.
+    assert torch.equal(generated[:, 8], reference.generate(ids[:, :8], **options)[:, 8])
 
 
 @pytest.mark.gpu
 def test_on_cuda_the_compiled_patched_model_trains():
     reference, model, _ = patched_pair("qwen3", torch.bfloat16, hidden_size=256, intermediate_size=512)
-    reference.cuda()
-    model.cuda()
+    reference.cuda().train()
+    model.cuda().train()
     ids = tokens(2, 64).cuda()
     loss = torch.compile(model)(ids, labels=ids).loss
     loss.backward()

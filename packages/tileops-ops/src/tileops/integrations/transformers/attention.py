@@ -1,0 +1,184 @@
+"""Attention and the rotary embedding in transformers models, on TileOPs.
+
+**Attention** joins transformers' attention-function registry as the implementation named
+``"tileops"`` (``register()`` adds it to ``AttentionInterface`` and, with transformers' SDPA mask
+builder, to ``AttentionMaskInterface``); ``apply()`` sets the model's ``_attn_implementation`` to it
+and hands each attention module the ``AttentionFwdOp`` instances it calls (ops are built outside
+``torch.compile``'s trace). The function takes what transformers' ``sdpa`` function takes and
+computes, on the op, what it computes where no mask tensor is given: the mask builder gives none
+for a causal call without padding (training, a prefill, a decode step of one token per sequence
+over a ``DynamicCache``). The op's causal mask is aligned to the bottom right, so a query's row
+sees the keys of the tokens before it in the cache. Where the call cannot be expressed by the op,
+``attention()`` calls transformers' ``sdpa`` function instead, for that call, and the result is
+the same as unpatched:
+
+* a mask tensor (padding in a batch, a static cache's unfilled rows, packed sequences): the op
+  takes no arbitrary mask;
+* attention dropout in training, ``softcap``, ``output_attentions``, a position bias, or an
+  ``is_causal`` that differs from the module's;
+* a module without the ops of the call's window (a model loaded with
+  ``attn_implementation="tileops"`` and not ``apply()``-ed, under ``torch.compile``; eagerly the
+  op is built at the first call).
+
+**The rotary embedding**: the rotation of q and k (transformers' module-level
+``apply_rotary_pos_emb``, which each attention forward calls) runs on ``RotaryEmbeddingFwdOp``.
+The attention module's class becomes a subclass whose ``forward`` is the class's own forward
+code with that one name bound to TileOPs' rotation (only in this model: other models of the
+class are untouched). The rotary module that computes the cos and sin tables is left.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tileops.ops import AttentionFwdOp, RotaryEmbeddingFwdOp
+
+IMPLEMENTATION = "tileops"
+
+#: transformers' sdpa attention function, set by register(): where the op cannot serve a call.
+_sdpa: Callable[..., Any] | None = None
+
+
+def register() -> None:
+    """Add ``"tileops"`` to transformers' attention functions and mask builders (idempotent)."""
+    global _sdpa
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if _sdpa is None:
+        _sdpa = AttentionInterface._global_mapping["sdpa"]
+    AttentionInterface.register(IMPLEMENTATION, attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+
+
+class AttentionOps:
+    """The ``AttentionFwdOp`` instances one attention module calls, by (qkv_layout, window),
+    built for its causality and scale and bound to one target. Shared by the modules that need
+    the same ops."""
+
+    def __init__(self, causal: bool, scale: float | None, target: str | None) -> None:
+        self.causal, self.scale, self.target = causal, scale, target
+        self.ops: dict[tuple[str, int | None], AttentionFwdOp] = {}
+
+    def build(self, window: int | None) -> None:
+        for layout in ("bshd", "bhsd"):
+            if (layout, window) not in self.ops:
+                self.ops[layout, window] = AttentionFwdOp(causal=self.causal, window=window, scale=self.scale,
+                                                          qkv_layout=layout, target=self.target)
+
+    def get(self, layout: str, window: int | None) -> AttentionFwdOp | None:
+        op = self.ops.get((layout, window))
+        if op is None and not torch.compiler.is_compiling():
+            self.build(window)
+            op = self.ops[layout, window]
+        return op
+
+
+def _window(sliding_window: int | None) -> int | None:
+    """transformers' sliding window (a query sees the ``sliding_window`` keys up to its own) as
+    the op's (the keys before the diagonal)."""
+    return None if sliding_window is None else sliding_window - 1
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              is_causal: bool | None = None, sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function interface, on ``AttentionFwdOp``: query (B, H_q, S_q,
+    D), key and value (B, H_kv, S_k, D); returns ((B, S_q, H_q, D), None)."""
+    causal = getattr(module, "is_causal", True)
+    ops: AttentionOps | None = getattr(module, "tileops_attention", None)
+    unsupported = (attention_mask is not None or dropout > 0.0 or kwargs.get("softcap") is not None
+                   or kwargs.get("output_attentions", False) or kwargs.get("position_bias") is not None
+                   or (is_causal is not None and is_causal != causal) or ops is None or ops.causal != causal
+                   or (scaling is not None and scaling != ops.scale))
+    if not unsupported:
+        q_length = query.shape[2]
+        if causal and 1 < q_length < key.shape[2]:
+            # No mask with more keys than queries: a prefill into an empty static cache, whose rows
+            # past the queries are unfilled; the mask builder aligns it to the top left.
+            key, value = key[:, :, :q_length], value[:, :, :q_length]
+        transposed = [t.transpose(1, 2) for t in (query, key, value)]
+        layout = "bshd" if all(t.is_contiguous() for t in transposed) else "bhsd"
+        op = ops.get(layout, _window(sliding_window))
+        if op is not None:
+            if layout == "bshd":
+                return op(*transposed)[0], None
+            return op(query, key, value)[0].transpose(1, 2).contiguous(), None
+    if _sdpa is None:
+        register()
+    return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                 sliding_window=sliding_window, **kwargs)
+
+
+def attention_ops(module: torch.nn.Module, target: str | None, shared: dict) -> AttentionOps:
+    """The ops ``module`` will call, built now (for no window and for its config's sliding
+    window), shared through ``shared`` with the modules of the same causality and scale."""
+    causal, scale = bool(getattr(module, "is_causal", True)), getattr(module, "scaling", None)
+    ops = shared.get((causal, scale))
+    if ops is None:
+        ops = shared[causal, scale] = AttentionOps(causal, scale, target)
+    ops.build(None)
+    for owner in (module, getattr(module, "config", None)):
+        window = getattr(owner, "sliding_window", None)
+        if isinstance(window, int) and not isinstance(window, bool):
+            ops.build(_window(window))
+    return ops
+
+
+# -- the rotation ----------------------------------------------------------------------------------
+
+
+def _rotation(op: RotaryEmbeddingFwdOp, original: Callable) -> Callable:
+    """transformers' ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` on ``op``: cos
+    and sin are each token's rows, (batch or 1, seq, D), so they are the op's caches and a token's
+    position is its row there. A call the op cannot take (partial rotation, other shapes) goes to
+    ``original``."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        heads_at = {1: 1, 2: 2, -3: 1, -2: 2}.get(unsqueeze_dim) if q.dim() == 4 else None
+        if (heads_at is None or cos.dim() != 3 or cos.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]
+                or cos.shape[0] not in (1, q.shape[0])):
+            return original(q, k, cos, sin, unsqueeze_dim)
+        rows, tokens = cos.shape[0], cos.shape[1]
+        positions = torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(q.shape[0], tokens)
+        table_cos, table_sin = cos.reshape(rows * tokens, -1), sin.reshape(rows * tokens, -1)
+        if heads_at == 2:
+            return op(q, k, table_cos, table_sin, positions)
+        q_rot, k_rot = op(q.transpose(1, 2), k.transpose(1, 2), table_cos, table_sin, positions)
+        return q_rot.transpose(1, 2), k_rot.transpose(1, 2)
+
+    return apply_rotary_pos_emb
+
+
+@functools.cache
+def _rotating_class(cls: type, target: str | None) -> type:
+    forward = inspect.unwrap(cls.forward)
+    namespace = dict(forward.__globals__)
+    namespace["apply_rotary_pos_emb"] = _rotation(RotaryEmbeddingFwdOp(target=target), namespace["apply_rotary_pos_emb"])
+    rotated = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
+    rotated.__kwdefaults__ = forward.__kwdefaults__
+    rotated.__qualname__ = f"{cls.__qualname__}WithTileOPsRotation.forward"
+    return type(f"{cls.__name__}WithTileOPsRotation", (cls,), {"forward": rotated, "__module__": __name__,
+                                                                 "tileops_rotation": True, "tileops_original": cls})
+
+
+def rotating_class(module: torch.nn.Module, target: str | None) -> type | str | None:
+    """The class ``module`` becomes so that its rotation runs on TileOPs, a reason it cannot, or
+    None where it is not an attention module."""
+    cls = type(module)
+    if getattr(cls, "tileops_rotation", False):
+        return "its rotation already runs on TileOPs"
+    if not cls.__name__.endswith("Attention"):
+        return None
+    forward = inspect.unwrap(cls.forward)
+    if not isinstance(forward, types.FunctionType) or "apply_rotary_pos_emb" not in forward.__code__.co_names:
+        return "its forward calls no apply_rotary_pos_emb"
+    if "apply_rotary_pos_emb" not in forward.__globals__:
+        return "apply_rotary_pos_emb is not a module-level function of its modeling code"
+    return _rotating_class(cls, target)
