@@ -461,3 +461,17 @@ def test_on_cuda_the_compiled_patched_model_trains():
     expected = dict(reference.named_parameters())
     for name, parameter in model.named_parameters():
         assert_gradients_close(parameter.grad, expected[name].grad, name)
+
+
+def test_the_end_to_end_benchmark_runs_its_quick_form():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench_llama.py"
+    spec = importlib.util.spec_from_file_location("bench_llama", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu"])
+    rows = [line for line in text.splitlines() if line.startswith("| eager |") or line.startswith("| tileops |")]
+    assert len(rows) == 2 and "13 parts replaced, 1 left" in rows[1]
+    assert all(float(cell) > 0 for row in rows for cell in row.split("|")[2:6] if cell.strip() != "nan")

@@ -1,0 +1,179 @@
+"""End-to-end benchmark of a Llama-architecture transformers model: unpatched, Liger-Kernel's
+patch (where installed) and TileOPs' patch, eager and under ``torch.compile``, in one run and one
+table.
+
+    uv run --frozen python -P tools/bench_llama.py              # ~1B Llama, bfloat16, needs a CUDA GPU
+    uv run --frozen python -P tools/bench_llama.py --quick      # a tiny model: checks the code paths (any device)
+
+The model is built from a config with random weights (nothing is downloaded): about 1.2B
+parameters (hidden 2048, 16 layers, 32 query and 8 key/value heads, intermediate 8192,
+vocabulary 128256, as Llama 3.2 1B). For each variant it measures, on the same inputs:
+
+* a training step (forward with labels, backward, AdamW step) at ``--seq`` tokens per sequence
+  and ``--batch`` sequences: median time and the peak memory the step allocates;
+* a prefill (a forward of the batch without labels, no gradients): tokens per second;
+* decode: ``--new-tokens`` greedy tokens after a short prompt with ``generate``, tokens per
+  second. The compiled variants decode with a static cache (``cache_implementation="static"``,
+  which transformers compiles with CUDA graphs); the eager ones with the dynamic cache.
+
+Variants: ``eager`` and ``compile`` (unpatched), ``liger`` (``apply_liger_kernel_to_llama`` on
+the instance), ``tileops`` and ``tileops-compile`` (``tileops.integrations.transformers.apply``).
+Each variant builds its own model from the same seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+FULL = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": True}
+QUICK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}
+VARIANTS = ("eager", "compile", "liger", "tileops", "tileops-compile")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(function, device: torch.device, repeats: int) -> float:
+    function()  # warm-up: compilation, kernel builds, autotuning
+    times = []
+    for _ in range(repeats):
+        _synchronize(device)
+        start = time.perf_counter()
+        function()
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def build(variant: str, config, dtype: torch.dtype, device: torch.device) -> tuple[torch.nn.Module, str]:
+    """The model of one variant, and a line saying what was patched."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    note = "unpatched"
+    if variant == "liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama(model=model)
+        note = "apply_liger_kernel_to_llama"
+    elif variant.startswith("tileops"):
+        import tileops.integrations.transformers as tileops_hf
+
+        report = tileops_hf.apply(model)
+        note = f"{len(report.replaced)} parts replaced, {len(report.left)} left"
+    return model, note
+
+
+def measure(variant: str, config, args, device: torch.device) -> dict:
+    dtype = getattr(torch, args.dtype)
+    model, note = build(variant, config, dtype, device)
+    compiled = variant.endswith("compile")
+    step_model = torch.compile(model) if compiled else model
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+
+    def train_step() -> None:
+        model.train()
+        loss = step_model(ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train_step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    step = _median_seconds(train_step, device, args.repeats)
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if device.type == "cuda" else float("nan")
+    optimizer.state.clear()
+
+    def prefill() -> None:
+        model.eval()
+        with torch.no_grad():
+            step_model(ids)
+
+    prefill_seconds = _median_seconds(prefill, device, args.repeats)
+
+    prompt = ids[:, : args.prompt]
+    options = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False, "pad_token_id": 0}
+    if compiled:
+        options["cache_implementation"] = "static"
+
+    def decode() -> None:
+        model.eval()
+        with torch.no_grad():
+            model.generate(prompt, **options)
+
+    decode_seconds = _median_seconds(decode, device, args.repeats)
+    return {"variant": variant, "note": note, "step_ms": step * 1e3, "peak_gib": peak,
+            "prefill_tok_s": args.batch * args.seq / prefill_seconds, "decode_tok_s": args.batch * args.new_tokens / decode_seconds}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| variant | training step (ms) | step peak memory (GiB) | prefill (tokens/s) | decode (tokens/s) | patch |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['variant']} | | | | | not run: {row['error']} |")
+            continue
+        lines.append(f"| {row['variant']} | {row['step_ms']:.1f} | {row['peak_gib']:.2f} | {row['prefill_tok_s']:.0f} | "
+                     f"{row['decode_tok_s']:.1f} | {row['note']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences: checks the code paths")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--batch", type=int, default=None, help="sequences per step (default 4; 2 with --quick)")
+    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 2048; 16 with --quick)")
+    parser.add_argument("--prompt", type=int, default=None, help="decode prompt tokens (default 128; 4 with --quick)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="decoded tokens (default 128; 4 with --quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats after a warm-up (default 5; 1 with --quick)")
+    parser.add_argument("--dtype", default=None, help="bfloat16 (default) or float32 (default with --quick off CUDA)")
+    parser.add_argument("--device", default=None, help="default: cuda where present, else cpu")
+    args = parser.parse_args(argv)
+    quick = {"batch": 2, "seq": 16, "prompt": 4, "new_tokens": 4, "repeats": 1}
+    full = {"batch": 4, "seq": 2048, "prompt": 128, "new_tokens": 128, "repeats": 5}
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.dtype is None:
+        args.dtype = "float32" if args.quick and device.type == "cpu" else "bfloat16"
+    if not args.quick and device.type != "cuda":
+        parser.error("the full benchmark needs a CUDA GPU; --quick runs a tiny model anywhere")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+
+    import transformers
+
+    config = transformers.LlamaConfig(**(QUICK if args.quick else FULL))
+    rows = []
+    for variant in variants:
+        try:
+            rows.append(measure(variant, config, args, device))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # the variant's model and optimizer state are gone
+        except ImportError as error:  # Liger-Kernel not installed
+            rows.append({"variant": variant, "error": f"{type(error).__name__}: {error}"})
+    text = (f"Llama {'(quick) ' if args.quick else ''}on {device.type}, {args.dtype}, batch {args.batch} x seq {args.seq}; "
+            f"decode {args.new_tokens} tokens after {args.prompt}\n\n" + table(rows))
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
