@@ -11,6 +11,7 @@ import torch
 from helpers import run_python
 from tileops.core import DeviceFacts
 from tileops.kernels.cuda.attention import KERNELS, policy, programs
+from tileops.kernels.cuda.device import hopper_target
 from tileops.ops.attention import AttentionBwdInterface, AttentionBwdOp, AttentionFwdInterface, AttentionFwdOp
 
 CUDA = torch.device("cuda", 0)
@@ -121,8 +122,8 @@ def test_the_backward_runs_delta_main_and_cast_with_zeroed_padded_workspaces(lau
 
 
 def test_sm90_is_compiled_as_sm90a():
-    assert programs.hopper_target({"kind": "cuda", "arch": "sm_90"}) == {"kind": "cuda", "arch": "sm_90a"}
-    assert programs.hopper_target({"kind": "cuda", "arch": "sm_90a"})["arch"] == "sm_90a"
+    assert hopper_target({"kind": "cuda", "arch": "sm_90"}) == {"kind": "cuda", "arch": "sm_90a"}
+    assert hopper_target({"kind": "cuda", "arch": "sm_90a"})["arch"] == "sm_90a"
 
 
 # -- the compile tier ---------------------------------------------------------------------------

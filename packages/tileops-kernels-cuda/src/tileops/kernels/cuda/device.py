@@ -18,6 +18,14 @@ def compile_target(device: torch.device) -> dict[str, str]:
     return {"kind": "cuda", "arch": f"sm_{facts.arch}"}
 
 
+def hopper_target(target: dict) -> dict:
+    """``target`` with sm_90 made sm_90a, for programs that multiply tiles (``T.gemm``): on sm_90
+    TileLang lowers it to wgmma, which with TMA and the register reallocation of its
+    warp-specialised pipelines are instructions of the architecture-specific sm_90a only (built
+    for plain sm_90, a wgmma kernel stops on a device-side assert)."""
+    return dict(target, arch="sm_90a") if target.get("arch") == "sm_90" else dict(target)
+
+
 def gpu_model(device: torch.device) -> str:
     """The model of the GPU ``device`` is (e.g. ``NVIDIA H200``): tuned configurations hold per model."""
     return facts_for(device).name

@@ -34,6 +34,7 @@ import math
 import torch
 
 from ..compile import compile_once
+from ..device import hopper_target
 
 from .decode_policy import block_rows
 
@@ -268,7 +269,7 @@ def compile_attend(dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, sc
     return compile_once(
         identity,
         lambda: make_attend_program(dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, **config),
-        target,
+        hopper_target(target),
     )
 
 

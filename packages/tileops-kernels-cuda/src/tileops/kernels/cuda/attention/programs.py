@@ -32,6 +32,7 @@ Importing this module does not import tilelang; building a program does.
 import torch
 
 from ..compile import compile_once
+from ..device import hopper_target
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 LOG2E = 1.4426950408889634
@@ -315,12 +316,6 @@ def make_bwd_post(dtype, head_dim, heads_q, layout, *, block_m, threads):
             T.copy(cast, _rows(DQ, layout, bz, q0, block_m, by))
 
     return main
-
-
-def hopper_target(target: dict) -> dict:
-    """``target`` with sm_90 made sm_90a: wgmma, TMA and the register reallocation of TileLang's
-    warp-specialised pipelines are instructions of the architecture-specific sm_90a only."""
-    return dict(target, arch="sm_90a") if target.get("arch") == "sm_90" else dict(target)
 
 
 def compile_forward(call, target: dict, **config):
