@@ -131,7 +131,9 @@ class TileLangKernel(Kernel):
         self._tuning_key = tuning.entry_key(self.family, self.kind, self.identity())
         self._order = tuple(range(len(self.argument_names))) if self.order is None else self.order
         likes = tuple(output.like for output in self.outputs)
-        self._like = None if None in likes else likes  # every output like an argument: empty_like
+        # Every output like an argument: empty_like, and the C++ launcher may serve the calls. A
+        # kind without outputs (it writes into a tensor the caller passes) keeps its own forward.
+        self._like = likes if likes and None not in likes else None
         self._tune_pending = False
         self._default_config = self.default_config()
         tuned = tuning.chosen(self._gpu_model, self._tuning_key, self._default_config)

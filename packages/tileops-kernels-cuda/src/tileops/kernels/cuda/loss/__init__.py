@@ -127,13 +127,6 @@ class CrossEntropyGradKernel(_TileLangLoss, CrossEntropyGradInterface):
             smoothing=call.label_smoothing, **config,
         )
 
-    def _use(self, config: dict[str, Any]) -> None:
-        # The result is the caller's dlogits, not an output the shared launcher allocates: this
-        # kernel keeps its own forward.
-        super()._use(config)
-        self._fast_forward = None
-        self.__dict__.pop("forward", None)
-
     def forward(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits):
         tensors = [logits, target_ids, lse, softmax_scale, target_scale, dlogits]
         if current_device_index() == self._launch_device:
