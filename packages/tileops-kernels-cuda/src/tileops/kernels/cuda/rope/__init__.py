@@ -177,8 +177,11 @@ class TileLangRopeInplace(Kernel, RotaryEmbeddingInplaceInterface):
     def forward(self, q, k, cos, sin, position_ids):
         positions = position_ids.reshape(-1)
         tokens = positions.shape[0]
+        # The program reads packed (T, heads, D) rows: a strided q or k (a slice of a fused qkv
+        # tensor) is packed first.
         q_rot, k_rot = self.rotate.forward(
-            q.reshape(tokens, *q.shape[-2:]), k.reshape(tokens, *k.shape[-2:]), cos, sin, positions
+            q.reshape(tokens, *q.shape[-2:]).contiguous(), k.reshape(tokens, *k.shape[-2:]).contiguous(),
+            cos, sin, positions,
         )
         q.copy_(q_rot.view(q.shape))
         k.copy_(k_rot.view(k.shape))
