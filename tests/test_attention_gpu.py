@@ -96,7 +96,8 @@ def _built_in_parallel():
             assert AttentionBwdOp(**params).call_spec(AttentionBwdInterface, device, dtype, head_dim, h_q, h_kv) == call
             calls.add(call)
     fields = sorted(
-        (str(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal, c.window, c.scale, c.layout) for c in calls
+        ((str(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal, c.window, c.scale, c.layout) for c in calls),
+        key=repr,  # window and scale may be None
     )
     jobs = [(kind, f) for f in fields for kind in ("bwd", "fwd")]  # the slow builds first
     workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))

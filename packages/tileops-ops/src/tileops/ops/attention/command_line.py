@@ -82,8 +82,6 @@ PEERS = {
         "SDPA cuDNN": (SDPA, _sdpa("CUDNN_ATTENTION")),
         "flash-attn": (FLASH_ATTN, _flash_attn),
     },
+    # DecodeAttentionFwdOp's peers (flash_attn_with_kvcache, FlashInfer, SDPA over the caches).
     **DECODE_PEERS,
 }
-
-# DecodeAttentionFwdOp's peers (flash_attn_with_kvcache, FlashInfer, SDPA over the caches): decode_peers.
-PEERS.update(DECODE_PEERS)
