@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tileops.cli import main
-from tileops.cli.bench_report import Row, geometric_means, summary, table
+from tileops.cli.bench_report import Row, geometric_means, peak_memory, summary, table
 from tileops.cli.peers import ABSENT, Peers, time_cell, time_cells
 
 LIGER_REASON = "liger-kernel is not installed (the bench extra: pip install 'tileops-ops[bench]')"
@@ -270,6 +270,8 @@ def cpu_training(monkeypatch):
         return 1.0
 
     monkeypatch.setattr(bench, "gpu_time_us", timer)
+    # Peak memory is read from CUDA's allocator: here each measured side says 2 MiB.
+    monkeypatch.setattr(bench_training, "peak_mib", lambda call: (call(), 2.0)[1])
     return bench_training, timed
 
 
@@ -289,6 +291,10 @@ def test_a_training_row_times_every_side_and_counts_forward_and_backward_bytes(c
     assert full.ours_us == alone.ours_us == full.eager_us == alone.eager_us == 1.0
     assert full.peers == {"Liger": 1.0} and alone.peers == {"Liger": 1.0}
     assert full.compile_us is None
+    # Every side of the training step has its peak memory, and the table prints it under the rows.
+    assert full.peak_mib == {"ours": 2.0, "eager": 2.0, "Liger": 2.0} and alone.peak_mib == {}
+    assert peak_memory([full, alone]).splitlines()[1:] == ["FusedAddRMSNormFwdOp w float32: ours 2.0, eager 2.0, Liger 2.0"]
+    assert full.record()["Liger_peak_mib"] == 2.0
     # Backward bytes: the incoming gradients of y and of the sum, the sum, dsum (4 x 4x16 floats),
     # rstd (4 floats), weight and dweight (2 x 16 floats); forward bytes as its roofline says.
     backward_bytes = 4 * 64 * 4 + 4 * 4 + 2 * 16 * 4

@@ -47,7 +47,7 @@ from tileops.testing import workload_inputs
 from . import call_flags
 from .call_flags import CallFlags
 from .output import UsageError, installed_version, shape_argument, without_markup
-from .bench_report import Row, _chart, geometric_means, machine_line, summary, table
+from .bench_report import Row, _chart, geometric_means, machine_line, peak_memory, summary, table
 from .peers import Peers, time_cells
 
 CALLS = 40
@@ -299,6 +299,9 @@ def run(args) -> int:
                 print(f"\n{mode}:")
             print(table(of_mode, copy_tb_s, method_line(copy_tb_s, calls=not args.backward), calls=not args.backward))
             print(summary(means[mode]))
+            memory = peak_memory(of_mode)
+            if memory:
+                print(memory)
         for note in others.notes():
             print(note)
     if args.png:

@@ -33,11 +33,15 @@ class Row:
     peers: dict[str, Cell] = dataclasses.field(default_factory=dict)  # column -> cell
     ours_error: str | None = None
     mode: str = "forward"  # or, with --backward, "forward+backward" and "backward"
+    #: forward+backward rows: side ("ours", "eager", "compile", a peer's column) -> MiB one
+    #: training step allocates at its peak above what was allocated before it.
+    peak_mib: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         """The row as one flat record (CSV): each peer's cell as ``<column>_us``."""
-        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "peers"}
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("peers", "peak_mib")}
         record.update({f"{column}_us": cell for column, cell in self.peers.items()})
+        record.update({f"{side}_peak_mib": mib for side, mib in self.peak_mib.items()})
         return record
 
     def tb_per_s(self, us: float | None) -> float | None:
@@ -106,6 +110,19 @@ def table(rows: list[Row], copy_tb_s: float, method: str, *, calls: bool = True)
             if isinstance(cell, str) and len(cell) > PEER_CELL_WIDTH:
                 cut.append(f"{where}: {column}: {cell}")
     return "\n".join(lines + cut)
+
+
+def peak_memory(rows: list[Row]) -> str:
+    """The peak memory of one training step per side, a line per forward+backward row that has
+    any (the memory a fused op saves is the reason to use it, beside its time); empty where none."""
+    lines = [
+        f"{r.op} {r.workload} {r.dtype}: " + ", ".join(f"{side} {mib:.1f}" for side, mib in r.peak_mib.items())
+        for r in rows
+        if r.peak_mib
+    ]
+    if not lines:
+        return ""
+    return "\n".join(["peak memory of one training step, MiB allocated above its inputs:", *lines])
 
 
 def _over(baseline: float | None, ours: float | None) -> float | None:

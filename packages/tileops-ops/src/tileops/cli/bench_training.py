@@ -13,7 +13,9 @@ backward alone as ``torch.autograd.grad(..., retain_graph=True)`` replayed on th
 forward (run on a stream of its own, which the capture forks to and joins, so that the backward
 kernels run where autograd puts them, on the forward's stream). Every side is timed by CUDA-graph
 replay. Bandwidth counts the bytes the backward must move (the backward op's roofline), plus the
-forward's roofline for forward+backward.
+forward's roofline for forward+backward. A forward+backward row also gives each side's peak
+memory: what one eager training step allocates above what was allocated before it (a fused op
+such as the linear cross-entropy is used for the memory it saves as much as for its time).
 """
 
 from __future__ import annotations
@@ -83,11 +85,29 @@ def retained_backward(forward: Callable[[], Any], leaves: list[torch.Tensor], gr
     return backward
 
 
-def _time(make: Callable[[], Callable[[], Any]]) -> tuple[float | None, str | None]:
-    """The GPU time of the call ``make`` builds, or None and why it could not be had."""
+def peak_mib(call: Callable[[], Any]) -> float:
+    """MiB ``call`` allocates at its peak above what is allocated before it (what it returns
+    included), one eager call."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del result
+    return peak / 2**20
+
+
+def _time(
+    make: Callable[[], Callable[[], Any]], *, peaks: dict[str, float] | None = None, side: str = ""
+) -> tuple[float | None, str | None]:
+    """The GPU time of the call ``make`` builds, or None and why it could not be had; with
+    ``peaks``, its peak memory (after a first call, which may compile) goes in ``peaks[side]``."""
     try:
         call = make()
         call()
+        if peaks is not None:
+            peaks[side] = peak_mib(call)
         return bench.gpu_time_us(call), None
     except Exception as error:  # noqa: BLE001 - a side that cannot run is shown so, not dropped
         return None, describe(error)
@@ -160,7 +180,9 @@ def bench_training(
     # TileOPs: the op's own autograd node, and the backward op on its own.
     if tune:
         op.request_tune()
-    full.ours_us, full.ours_error = _time(lambda: training_step(lambda: op(*arguments), leaves, grads))
+    full.ours_us, full.ours_error = _time(
+        lambda: training_step(lambda: op(*arguments), leaves, grads), peaks=full.peak_mib, side="ours"
+    )
     bench_backward_inputs = backward_inputs(entry, backward, workload, inputs, outputs, params, dtype, DEVICE)
     backward_arguments = [bench_backward_inputs.get(d.name) for d in backward.inputs]
     backward_outputs = None
@@ -187,12 +209,16 @@ def bench_training(
     # torch eager autograd and torch.compile of the forward's torch_api.
     baseline = bench.torch_baseline(entry, params)
     if baseline is not None:
-        full.eager_us, _ = _time(lambda: training_step(lambda: baseline(*arguments), leaves, grads))
+        full.eager_us, _ = _time(
+            lambda: training_step(lambda: baseline(*arguments), leaves, grads), peaks=full.peak_mib, side="eager"
+        )
         alone.eager_us, _ = _time(lambda: retained_backward(lambda: baseline(*arguments), leaves, grads))
         if with_compile:
             torch._dynamo.reset()
             compiled = torch.compile(baseline, dynamic=False)
-            full.compile_us, _ = _time(lambda: training_step(lambda: compiled(*arguments), leaves, grads))
+            full.compile_us, _ = _time(
+                lambda: training_step(lambda: compiled(*arguments), leaves, grads), peaks=full.peak_mib, side="compile"
+            )
             torch._dynamo.reset()
             with _no_donated_buffers():
                 compiled = torch.compile(baseline, dynamic=False)
@@ -201,9 +227,11 @@ def bench_training(
     # Peers: each one's autograd function, both ways.
     if others is not None:
         prepared = others.prepare(op_class.__name__, inputs, params)
-        full.peers = time_cells(
-            {c: training_step(p, leaves, grads) if callable(p) else p for c, p in prepared.items()}, bench.gpu_time_us
-        )
+        steps = {c: training_step(p, leaves, grads) if callable(p) else p for c, p in prepared.items()}
+        full.peers = time_cells(steps, bench.gpu_time_us)
+        for column, step in steps.items():
+            if callable(step) and isinstance(full.peers[column], float):
+                full.peak_mib[column] = peak_mib(step)
         alone.peers = {}
         for column, call in prepared.items():
             if not callable(call) or not isinstance(full.peers[column], float):
