@@ -198,3 +198,27 @@ def test_bad_offsets_are_refused_by_name():
         VarlenAttentionFwdOp(window=-2)
     with pytest.raises(TypeError):
         VarlenAttentionFwdOp(True)  # the params are keyword-only
+
+
+# -- the bench peers --------------------------------------------------------------------------------
+
+
+def test_the_peers_call_as_the_op_computes_and_refuse_what_they_cannot():
+    from tileops.ops.attention import command_line
+
+    assert list(command_line.PEERS["VarlenAttentionFwdOp"]) == ["SDPA per sequence", "flash-attn"]
+    q, k, v, cu_q, cu_k = _packed([5, 0, 9], [5, 0, 9], 4, 2, 16, dtype=torch.float32)
+    inputs = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+    params = {"causal": True, "window": None, "scale": None}
+    where, sdpa = command_line.PEERS["VarlenAttentionFwdOp"]["SDPA per sequence"]
+    assert where == "torch.nn.functional:scaled_dot_product_attention"
+    pieces = sdpa(F.scaled_dot_product_attention, inputs, params)()
+    o, _ = VarlenAttentionFwdOp(causal=True)(q, k, v, cu_q, cu_k)
+    torch.testing.assert_close(torch.cat([p.transpose(0, 1) for p in pieces]), o, atol=1e-5, rtol=1e-5)
+    assert "sliding window" in sdpa(None, inputs, {**params, "window": 3})
+    assert "top left" in sdpa(None, {**inputs, "cu_seqlens_k": _offsets([6, 0, 8])}, params)
+    where, flash = command_line.PEERS["VarlenAttentionFwdOp"]["flash-attn"]
+    assert where == "flash_attn:flash_attn_varlen_func"
+    seen = []
+    flash(lambda *a, **kw: seen.append((a[5:], kw)), inputs, {"causal": True, "window": 7, "scale": 0.1})()
+    assert seen == [((9, 9), {"causal": True, "softmax_scale": 0.1, "window_size": (7, -1)})]

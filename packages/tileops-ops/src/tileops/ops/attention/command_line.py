@@ -1,5 +1,6 @@
 """The attention family's sugar for the ``tileops`` command: shorthand flags, and the peer
-libraries ``tileops bench`` times beside each op (``DecodeAttentionFwdOp``'s are in ``decode_peers``).
+libraries ``tileops bench`` times beside each op (``DecodeAttentionFwdOp``'s are in ``decode_peers``,
+``VarlenAttentionFwdOp``'s in ``varlen_peers``).
 
 ``--causal`` and ``--qkv-layout`` set the params ``causal`` and ``qkv_layout``; ``--param`` sets
 ``window`` and ``scale``. ``tileops bench`` reports time and bytes; the throughput of an
@@ -8,6 +9,7 @@ over that time.
 """
 
 from .decode_peers import DECODE_PEERS
+from .varlen_peers import VARLEN_PEERS
 
 #: Flag -> the param it sets; its value is read as the manifest declares the param.
 PARAM_FLAGS = {"--causal": "causal", "--qkv-layout": "qkv_layout"}
@@ -84,4 +86,6 @@ PEERS = {
     },
     # DecodeAttentionFwdOp's peers (flash_attn_with_kvcache, FlashInfer, SDPA over the caches).
     **DECODE_PEERS,
+    # VarlenAttentionFwdOp's peers (flash_attn_varlen_func, SDPA one sequence at a time).
+    **VARLEN_PEERS,
 }
