@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .cpu import compute_dtype
 from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
-from .ops import _LossOp, check_targets
+from .ops import _ReducedLossOp, check_targets
 
 
 def chunk_rows(rows: int, hidden_size: int, vocab: int) -> int:
@@ -32,7 +32,7 @@ def chunk_rows(rows: int, hidden_size: int, vocab: int) -> int:
     return max(1, min(rows, math.ceil(rows * hidden_size / vocab)))
 
 
-class _LinearLossOp(_LossOp):
+class _LinearLossOp(_ReducedLossOp):
     kernel_interfaces = (CrossEntropyRowsInterface, CrossEntropyGradInterface)
 
     def call_specs(self, device, inputs):
@@ -99,21 +99,6 @@ class LinearCrossEntropyFwdOp(_LinearLossOp):
     """Cross-entropy of ``hidden_states @ weight.T (+ bias)`` without the whole logits:
     ``op(hidden_states, weight, bias=None, target_ids) -> loss``."""
 
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        label_smoothing: float = 0.0,
-        reduction: str = "mean",
-        lse_square_scale: float = 0.0,
-        softcap: float | None = None,
-        *,
-        target: str | None = None,
-    ) -> None:
-        super().__init__(
-            ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
-            lse_square_scale=lse_square_scale, softcap=softcap, target=target,
-        )
-
     def forward(self, hidden_states, weight, bias, target_ids):
         loss, *_ = self.chunks(hidden_states, weight, bias, target_ids, gradients=False)
         return loss.to(hidden_states.dtype)
@@ -126,21 +111,6 @@ class LinearCrossEntropyFwdOp(_LinearLossOp):
 class LinearCrossEntropyBwdOp(_LinearLossOp):
     """Gradients of ``LinearCrossEntropyFwdOp``:
     ``op(dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias) -> (dhidden, dweight, dbias)``."""
-
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        label_smoothing: float = 0.0,
-        reduction: str = "mean",
-        lse_square_scale: float = 0.0,
-        softcap: float | None = None,
-        *,
-        target: str | None = None,
-    ) -> None:
-        super().__init__(
-            ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
-            lse_square_scale=lse_square_scale, softcap=softcap, target=target,
-        )
 
     def forward(self, dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias):
         if grad_hidden is None or grad_weight is None or grad_bias is None:

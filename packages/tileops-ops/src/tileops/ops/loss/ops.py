@@ -135,11 +135,8 @@ def reduce_rows(rows: torch.Tensor, target_ids: torch.Tensor, ignore_index: int,
     return total / (target_ids != ignore_index).sum()
 
 
-class CrossEntropyFwdOp(_LossOp):
-    """``torch.nn.functional.cross_entropy`` (reduction mean or sum) with z-loss and soft-capping:
-    ``op(logits, target_ids) -> (loss, lse)``."""
-
-    kernel_interfaces = (CrossEntropyRowsInterface,)
+class _ReducedLossOp(_LossOp):
+    """The constructor of the ops whose loss is reduced over the rows (mean or sum)."""
 
     def __init__(
         self,
@@ -155,6 +152,31 @@ class CrossEntropyFwdOp(_LossOp):
             ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
             lse_square_scale=lse_square_scale, softcap=softcap, target=target,
         )
+
+
+class _PerRowLossOp(_LossOp):
+    """The constructor of the ops that give every row's loss (torch's reduction 'none')."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        lse_square_scale: float = 0.0,
+        softcap: float | None = None,
+        *,
+        target: str | None = None,
+    ) -> None:
+        super().__init__(
+            ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+            softcap=softcap, target=target,
+        )
+
+
+class CrossEntropyFwdOp(_ReducedLossOp):
+    """``torch.nn.functional.cross_entropy`` (reduction mean or sum) with z-loss and soft-capping:
+    ``op(logits, target_ids) -> (loss, lse)``."""
+
+    kernel_interfaces = (CrossEntropyRowsInterface,)
 
     def forward(self, logits, target_ids):
         rows, lse = self.rows(logits, target_ids)
@@ -162,25 +184,10 @@ class CrossEntropyFwdOp(_LossOp):
         return loss.to(logits.dtype), lse.float()
 
 
-class CrossEntropyBwdOp(_LossOp):
+class CrossEntropyBwdOp(_ReducedLossOp):
     """Gradient of ``CrossEntropyFwdOp``: ``op(dloss, dlse, logits, target_ids, lse) -> dlogits``."""
 
     kernel_interfaces = (CrossEntropyGradInterface,)
-
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        label_smoothing: float = 0.0,
-        reduction: str = "mean",
-        lse_square_scale: float = 0.0,
-        softcap: float | None = None,
-        *,
-        target: str | None = None,
-    ) -> None:
-        super().__init__(
-            ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
-            lse_square_scale=lse_square_scale, softcap=softcap, target=target,
-        )
 
     def forward(self, dloss, dlse, logits, target_ids, lse):
         lse = self.wide_lse(logits, lse)
@@ -191,49 +198,21 @@ class CrossEntropyBwdOp(_LossOp):
         return self.gradient(logits, target_ids, lse, softmax_scale, target_scale, torch.empty_like(logits))
 
 
-class CrossEntropyPerRowFwdOp(_LossOp):
+class CrossEntropyPerRowFwdOp(_PerRowLossOp):
     """``torch.nn.functional.cross_entropy(..., reduction='none')`` with z-loss and soft-capping:
     ``op(logits, target_ids) -> (loss, lse)``, one loss per row."""
 
     kernel_interfaces = (CrossEntropyRowsInterface,)
-
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        label_smoothing: float = 0.0,
-        lse_square_scale: float = 0.0,
-        softcap: float | None = None,
-        *,
-        target: str | None = None,
-    ) -> None:
-        super().__init__(
-            ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-            softcap=softcap, target=target,
-        )
 
     def forward(self, logits, target_ids):
         rows, lse = self.rows(logits, target_ids)
         return rows.to(logits.dtype), lse.float()
 
 
-class CrossEntropyPerRowBwdOp(_LossOp):
+class CrossEntropyPerRowBwdOp(_PerRowLossOp):
     """Gradient of ``CrossEntropyPerRowFwdOp``: ``op(dloss, dlse, logits, target_ids, lse) -> dlogits``."""
 
     kernel_interfaces = (CrossEntropyGradInterface,)
-
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        label_smoothing: float = 0.0,
-        lse_square_scale: float = 0.0,
-        softcap: float | None = None,
-        *,
-        target: str | None = None,
-    ) -> None:
-        super().__init__(
-            ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-            softcap=softcap, target=target,
-        )
 
     def forward(self, dloss, dlse, logits, target_ids, lse):
         lse = self.wide_lse(logits, lse)
