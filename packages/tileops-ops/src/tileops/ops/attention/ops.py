@@ -24,6 +24,8 @@ from .interfaces import AttentionBwdInterface, AttentionFwdInterface
 
 
 class _AttentionOp(Op):
+    """What the prefill attention ops share: the constructor, the call spec and what is saved."""
+
     manifest_file = files("tileops.ops") / "manifest" / "attention.yaml"
     # The TileLang kernels, key -> class per interface, imported when an op is first built.
     kernel_tables = ("tileops.kernels.cuda.attention:KERNELS",)
@@ -69,17 +71,6 @@ class AttentionFwdOp(_AttentionOp):
     kernel_interfaces = (AttentionFwdInterface,)
     in_tree_kernels = {AttentionFwdInterface: IMPLEMENTATIONS[AttentionFwdInterface]}
 
-    def __init__(
-        self,
-        *,
-        causal: bool = False,
-        window: int | None = None,
-        scale: float | None = None,
-        qkv_layout: str = "bshd",
-        target: str | None = None,
-    ) -> None:
-        super().__init__(causal=causal, window=window, scale=scale, qkv_layout=qkv_layout, target=target)
-
     def forward(self, q, k, v):
         if k.shape[self._seq_dim] == 0:  # no key to attend to: every row is empty
             lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -torch.inf, dtype=torch.float32, device=q.device)
@@ -93,17 +84,6 @@ class AttentionBwdOp(_AttentionOp):
 
     kernel_interfaces = (AttentionBwdInterface,)
     in_tree_kernels = {AttentionBwdInterface: IMPLEMENTATIONS[AttentionBwdInterface]}
-
-    def __init__(
-        self,
-        *,
-        causal: bool = False,
-        window: int | None = None,
-        scale: float | None = None,
-        qkv_layout: str = "bshd",
-        target: str | None = None,
-    ) -> None:
-        super().__init__(causal=causal, window=window, scale=scale, qkv_layout=qkv_layout, target=target)
 
     def forward(self, do, q, k, v, o, lse, dlse):
         if q.shape[self._seq_dim] == 0 or k.shape[self._seq_dim] == 0:  # nothing attends: zero gradients
