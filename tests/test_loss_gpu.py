@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tileops.backend import OpArgumentError
 from tileops.ops import (
@@ -17,6 +16,7 @@ from tileops.ops import (
     LinearCrossEntropyFwdOp,
 )
 from helpers import workload_params
+from test_loss_ops import _torch_loss
 from tileops.testing import check_workload, workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -34,16 +34,6 @@ def test_every_workload_matches_the_reference_on_cuda(case):
         assert keys <= {"torch_float64", "torch_float64_grad"}, keys
     else:
         assert keys and keys <= {"tilelang", "tilelang_grad"}, keys
-
-
-def _torch_loss(logits, target_ids, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", lse_square_scale=0.0, softcap=None):
-    z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
-    loss = F.cross_entropy(z, target_ids, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
-    keep = target_ids != ignore_index
-    z_loss = lse_square_scale * torch.logsumexp(z, -1).square() * keep
-    if reduction == "none":
-        return loss + z_loss
-    return loss + z_loss.sum() / (keep.sum().clamp(min=1) if reduction == "mean" else 1)
 
 
 def _case(rows, vocab, dtype, seed=0):
