@@ -10,7 +10,7 @@ given) and runs the implementation selection picks. Offsets on the CPU (a CPU ca
 here, by name, before any kernel: int32 and B + 1 entries come from the manifest, and the rules
 (0 first, never decreasing, T_q or T_k last) are checked in Python. Offsets on a GPU are never
 read on the host (``varlen_interfaces`` says what the kernels do with bad ones). Calls without a
-sequence or without a key are answered here: o = 0 and lse = -inf, zero gradients.
+key are answered here: o = 0 and lse = -inf, zero gradients (the signature asks for a sequence).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class VarlenAttentionFwdOp(_VarlenAttentionOp):
 
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
         self._check(q, k, cu_seqlens_q, cu_seqlens_k)
-        if cu_seqlens_q.shape[0] < 2 or k.shape[0] == 0:  # no sequence, or no key: every row is empty
+        if k.shape[0] == 0:  # no key: every row is empty
             lse = torch.full((q.shape[1], q.shape[0]), -torch.inf, dtype=torch.float32, device=q.device)
             return torch.zeros_like(q), lse
         kernel = self.kernel_for(VarlenAttentionFwdInterface, q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1])
@@ -117,7 +117,7 @@ class VarlenAttentionBwdOp(_VarlenAttentionOp):
 
     def forward(self, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dlse):
         self._check(q, k, cu_seqlens_q, cu_seqlens_k)
-        if cu_seqlens_q.shape[0] < 2 or q.shape[0] == 0 or k.shape[0] == 0 or q.shape[1] == 0:
+        if q.shape[0] == 0 or k.shape[0] == 0 or q.shape[1] == 0:
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # nothing attends
         kernel = self.kernel_for(VarlenAttentionBwdInterface, q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1])
         return kernel.forward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dlse)
