@@ -53,6 +53,7 @@ from tileops.ops import FAMILIES as _FAMILIES
 from torch.autograd.functional import vjp as _vjp
 _x, _r = torch.randn(3, 8), torch.randn(3, 8)
 _t = torch.tensor([0, 2, -100])
+_cu = torch.tensor([0, 3], dtype=torch.int32)
 _rms, _layer = (lambda t: _F.rms_norm(t, (8,))), (lambda t: _F.layer_norm(t, (8,)))
 _checks = {
     "RMSNormFwdOp": lambda op: torch.testing.assert_close(op(_x), _F.rms_norm(_x, (8,))),
@@ -102,6 +103,13 @@ _checks = {
         op(_r[None, :, None], *[_x[None, :, None]] * 3, _F.scaled_dot_product_attention(_x, _x, _x)[None, :, None],
            torch.logsumexp(_x @ _x.T / 8 ** 0.5, -1)[None, None])[2][0, :, 0],
         _vjp(lambda v: _F.scaled_dot_product_attention(_x, _x, v), _x, _r)[1]),
+    # The packed form: the same three tokens as one sequence of a packed batch (offsets [0, 3]).
+    "VarlenAttentionFwdOp": lambda op: torch.testing.assert_close(
+        op(*[_x[:, None]] * 3, _cu, _cu)[0][:, 0], _F.scaled_dot_product_attention(_x, _x, _x)),
+    "VarlenAttentionBwdOp": lambda op: torch.testing.assert_close(
+        op(_r[:, None], *[_x[:, None]] * 3, _F.scaled_dot_product_attention(_x, _x, _x)[:, None],
+           torch.logsumexp(_x @ _x.T / 8 ** 0.5, -1)[None], _cu, _cu, None)[2][:, 0],
+        _vjp(lambda v: _F.scaled_dot_product_attention(_x, _x, v), _x, _r)[1]),
     # Decode: one new token _x[2] over a cache of the three rows of _x (as keys and values), length 3.
     "DecodeAttentionFwdOp": lambda op: torch.testing.assert_close(
         op(_x[None, 2:, None], _x[None, :, None], _x[None, :, None], torch.tensor([3], dtype=torch.int32))[0][0, :, 0],
@@ -117,7 +125,7 @@ _checks = {
 # the rope ops' rotary_dim) or 4 (the packed activations' half width d, of rows of 8).
 _NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp"}
 _NO_PARAM |= {name for name in _checks if "CrossEntropy" in name}  # the loss ops: every param defaults
-_NO_PARAM |= {"AttentionFwdOp", "AttentionBwdOp", "DecodeAttentionFwdOp"}  # every param keyword-only with a default
+_NO_PARAM |= {name for name in _checks if "Attention" in name}  # every param keyword-only with a default
 _NO_PARAM |= {name for name in _checks if "Softmax" in name}  # row_dim and out_dtype default
 _construct = lambda name: _classes[name](target="builtin") if name in _NO_PARAM else _classes[name](4 if name.startswith("Packed") else 8, target="builtin")  # noqa: E731
 _classes = {c.__name__: c for cs in _FAMILIES.values() for c in cs}

@@ -49,6 +49,8 @@ def check_offsets(op_name: str, name: str, cu_seqlens: torch.Tensor, total: int,
 
 
 class _VarlenAttentionOp(Op):
+    """What the packed-batch attention ops share: the constructor, the call spec and the offsets check."""
+
     manifest_file = files("tileops.ops") / "manifest" / "attention_varlen.yaml"
     # The TileLang kernels, key -> class per interface, imported when an op is first built.
     kernel_tables = ("tileops.kernels.cuda.attention.varlen:KERNELS",)
@@ -89,11 +91,6 @@ class VarlenAttentionFwdOp(_VarlenAttentionOp):
     kernel_interfaces = (VarlenAttentionFwdInterface,)
     in_tree_kernels = {VarlenAttentionFwdInterface: IMPLEMENTATIONS[VarlenAttentionFwdInterface]}
 
-    def __init__(
-        self, *, causal: bool = False, window: int | None = None, scale: float | None = None, target: str | None = None
-    ) -> None:
-        super().__init__(causal=causal, window=window, scale=scale, target=target)
-
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
         self._check(q, k, cu_seqlens_q, cu_seqlens_k)
         if k.shape[0] == 0:  # no key: every row is empty
@@ -109,11 +106,6 @@ class VarlenAttentionBwdOp(_VarlenAttentionOp):
 
     kernel_interfaces = (VarlenAttentionBwdInterface,)
     in_tree_kernels = {VarlenAttentionBwdInterface: IMPLEMENTATIONS[VarlenAttentionBwdInterface]}
-
-    def __init__(
-        self, *, causal: bool = False, window: int | None = None, scale: float | None = None, target: str | None = None
-    ) -> None:
-        super().__init__(causal=causal, window=window, scale=scale, target=target)
 
     def forward(self, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dlse):
         self._check(q, k, cu_seqlens_q, cu_seqlens_k)
