@@ -216,13 +216,16 @@ def test_linear_cross_entropy_chunks_rows_by_the_memory_of_the_hidden_states():
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
 def test_linear_cross_entropy_gradcheck_over_several_chunks(with_bias):
     from tileops.ops import LinearCrossEntropyFwdOp
+    from tileops.ops.loss.linear import chunk_rows
 
     generator = torch.Generator().manual_seed(0)
-    hidden_states = torch.randn(37, 16, generator=generator, dtype=torch.float64).requires_grad_()  # 4 chunks of 12 rows
-    weight = torch.randn(50, 16, generator=generator, dtype=torch.float64).requires_grad_()
-    bias = torch.randn(50, generator=generator, dtype=torch.float64).requires_grad_() if with_bias else None
-    target_ids = torch.randint(0, 50, (37,), generator=generator)
+    # 3 chunks of 6 rows (the last of 1): few elements, since gradcheck calls the op twice per element.
+    hidden_states = torch.randn(13, 4, generator=generator, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(10, 4, generator=generator, dtype=torch.float64).requires_grad_()
+    bias = torch.randn(10, generator=generator, dtype=torch.float64).requires_grad_() if with_bias else None
+    target_ids = torch.randint(0, 10, (13,), generator=generator)
     target_ids[::5] = -100
+    assert chunk_rows(13, 4, 10) == 6
     op = LinearCrossEntropyFwdOp(label_smoothing=0.1, lse_square_scale=0.01, softcap=5.0)
     inputs = (hidden_states, weight, bias) if with_bias else (hidden_states, weight)
     assert torch.autograd.gradcheck(lambda h, w, *b: op(h, w, b[0] if b else None, target_ids), inputs)
