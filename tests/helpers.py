@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -80,3 +81,66 @@ def workload_params(cases, *, large: int = 1 << 26) -> list:
     ``large_memory``: their float64 references take GiBs, and beside a test process per core
     sharing the GPU they could run it out of memory, so the GPU tier runs them one at a time."""
     return [pytest.param(case, id=case.id, marks=[pytest.mark.large_memory] * (case.elements > large)) for case in cases]
+
+
+_ATTENTION_BUILD = """
+import torch
+from tileops.kernels.cuda.attention import policy, {programs} as programs
+from {spec_module} import {spec_name} as Spec
+for kind, fields in [{jobs}]:
+    call = Spec(torch.device("cuda", 0), *fields)
+    if kind == "fwd":
+        programs.compile_forward(call, {target!r}, **policy.forward_config(call.head_dim))
+    else:
+        programs.compile_bwd_main(call, {target!r}, **policy.backward_config(call.head_dim))
+        programs.compile_bwd_pre(call, {target!r}, **policy.ROWS_KERNEL)
+        programs.compile_bwd_post(call, {target!r}, **policy.ROWS_KERNEL)
+"""
+
+
+def compile_attention_programs(calls, programs: str) -> None:
+    """Compile the forward and backward programs of every attention call spec in ``calls`` (module
+    ``programs`` of ``tileops.kernels.cuda.attention``) in several processes at once. TileLang's
+    lowering and nvcc take seconds per program and hold the interpreter; its disk cache then hands
+    the programs to the kernels the tests build, so that the tests only launch."""
+    from tileops.kernels.cuda.device import compile_target
+
+    calls = sorted(calls, key=repr)  # a set's order differs between processes; the jobs' split must not
+    if not calls:
+        return
+    spec = type(calls[0])
+    target = compile_target(calls[0].device)
+    # Each call as the source of its fields after the device (dtypes print as torch.<name>).
+    fields = [", ".join(repr(getattr(call, f.name)) for f in dataclasses.fields(call)[1:]) for call in calls]
+    jobs = [f"({kind!r}, ({source},))" for source in fields for kind in ("bwd", "fwd")]  # the slow builds first
+    # Under pytest-xdist every test process runs this: each builds its share of the jobs with its
+    # share of the cores (a program another process has not built yet is built where it is used).
+    processes_running = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    jobs = jobs[share::processes_running]
+    if not jobs:
+        return
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // (2 * processes_running)))
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-P",
+                "-c",
+                _ATTENTION_BUILD.format(
+                    programs=programs,
+                    spec_module=spec.__module__,
+                    spec_name=spec.__name__,
+                    target=target,
+                    jobs=", ".join(jobs[index::workers]),
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(workers)
+    ]
+    for process in processes:
+        _, err = process.communicate(timeout=1800)
+        assert process.returncode == 0, err[-4000:]

@@ -13,14 +13,12 @@ sequences make o and the gradients small, by their error relative to the referen
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import compile_attention_programs
 from tileops.ops.attention import AttentionBwdInterface, AttentionBwdOp, AttentionFwdInterface, AttentionFwdOp
 from tileops.testing import workload_cases
 
@@ -62,22 +60,6 @@ def _calls():
     yield {"causal": True}, torch.bfloat16, 128, 8, 2  # the CUDA graph
 
 
-_BUILD = """
-import torch
-from tileops.kernels.cuda.attention import policy, programs
-from tileops.ops.attention import AttentionCall
-target = {target!r}
-for kind, fields in {jobs}:
-    call = AttentionCall(torch.device("cuda", 0), *fields)
-    if kind == "fwd":
-        programs.compile_forward(call, target, **policy.forward_config(call.head_dim))
-    else:
-        programs.compile_bwd_main(call, target, **policy.backward_config(call.head_dim))
-        programs.compile_bwd_pre(call, target, **policy.ROWS_KERNEL)
-        programs.compile_bwd_post(call, target, **policy.ROWS_KERNEL)
-"""
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _built_in_parallel():
     """Compile the programs of every call the tests make in several processes at once (TileLang's
@@ -86,8 +68,6 @@ def _built_in_parallel():
     if not _hopper():
         yield
         return
-    from tileops.kernels.cuda.device import compile_target
-
     device = torch.device("cuda", torch.cuda.current_device())
     calls = set()
     for params, dtype, head_dim, h_q, h_kv in _calls():
@@ -95,22 +75,7 @@ def _built_in_parallel():
             call = AttentionFwdOp(**params).call_spec(AttentionFwdInterface, device, dtype, head_dim, h_q, h_kv)
             assert AttentionBwdOp(**params).call_spec(AttentionBwdInterface, device, dtype, head_dim, h_q, h_kv) == call
             calls.add(call)
-    fields = sorted(
-        ((str(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal, c.window, c.scale, c.layout) for c in calls),
-        key=repr,  # window and scale may be None
-    )
-    jobs = [(kind, f) for f in fields for kind in ("bwd", "fwd")]  # the slow builds first
-    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
-    processes = []
-    for index in range(workers):
-        chunk = ", ".join(
-            f"({kind!r}, ({dtype}, {rest}))" for kind, (dtype, *more) in jobs[index::workers] for rest in [", ".join(map(repr, more))]
-        )
-        code = _BUILD.format(target=compile_target(device), jobs=f"[{chunk}]")
-        processes.append(subprocess.Popen([sys.executable, "-P", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for process in processes:
-        _, err = process.communicate(timeout=1800)
-        assert process.returncode == 0, err[-4000:]
+    compile_attention_programs(calls, "programs")
     yield
 
 

@@ -12,15 +12,12 @@ within the manifest's tolerance and by their RMS error relative to the reference
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import workload_params
+from helpers import compile_attention_programs, workload_params
 from test_attention_gpu import RELATIVE, _close
 from tileops.ops.attention import (
     VarlenAttentionBwdInterface,
@@ -67,22 +64,6 @@ def _calls():
         yield {"causal": True}, dtype, 128, 16, 4  # the autograd tests and the CUDA graph
 
 
-_BUILD = """
-import torch
-from tileops.kernels.cuda.attention import policy, varlen_programs as programs
-from tileops.ops.attention import VarlenAttentionCall
-target = {target!r}
-for kind, fields in {jobs}:
-    call = VarlenAttentionCall(torch.device("cuda", 0), *fields)
-    if kind == "fwd":
-        programs.compile_forward(call, target, **policy.forward_config(call.head_dim))
-    else:
-        programs.compile_bwd_main(call, target, **policy.backward_config(call.head_dim))
-        programs.compile_bwd_pre(call, target, **policy.ROWS_KERNEL)
-        programs.compile_bwd_post(call, target, **policy.ROWS_KERNEL)
-"""
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _built_in_parallel():
     """Compile the programs of every call the tests make in several processes at once; TileLang's
@@ -90,8 +71,6 @@ def _built_in_parallel():
     if not _hopper():
         yield
         return
-    from tileops.kernels.cuda.device import compile_target
-
     device = torch.device("cuda", torch.cuda.current_device())
     calls = set()
     for params, dtype, head_dim, h_q, h_kv in _calls():
@@ -99,19 +78,7 @@ def _built_in_parallel():
             call = VarlenAttentionFwdOp(**params).call_spec(VarlenAttentionFwdInterface, device, dtype, head_dim, h_q, h_kv)
             assert VarlenAttentionBwdOp(**params).call_spec(VarlenAttentionBwdInterface, device, dtype, head_dim, h_q, h_kv) == call
             calls.add(call)
-    fields = sorted((str(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal, c.window, c.scale) for c in calls)
-    jobs = [(kind, f) for f in fields for kind in ("bwd", "fwd")]  # the slow builds first
-    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
-    processes = []
-    for index in range(workers):
-        chunk = ", ".join(
-            f"({kind!r}, ({dtype}, {', '.join(map(repr, more))}))" for kind, (dtype, *more) in jobs[index::workers]
-        )
-        code = _BUILD.format(target=compile_target(device), jobs=f"[{chunk}]")
-        processes.append(subprocess.Popen([sys.executable, "-P", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for process in processes:
-        _, err = process.communicate(timeout=1800)
-        assert process.returncode == 0, err[-4000:]
+    compile_attention_programs(calls, "varlen_programs")
     yield
 
 
@@ -206,8 +173,12 @@ def test_every_forward_workload_matches_the_reference_on_cuda(case):
 def test_every_backward_workload_matches_the_reference_on_cuda(case):
     entry = VarlenAttentionFwdOp.manifest_entry()
     shapes = case.workload.shapes
-    workload = type(case.workload)(case.workload.name, {n: shapes[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")},
-                                   case.workload.dtypes, case.workload.params)
+    workload = type(case.workload)(
+        case.workload.name,
+        {n: shapes[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")},
+        case.workload.dtypes,
+        case.workload.params,
+    )
     inputs = workload_inputs(entry, workload, case.dtype, "cuda")
     check(case.workload.params, *inputs.values())
 
@@ -236,11 +207,14 @@ def test_other_head_sizes_and_dtypes_are_served_by_plain_torch_on_cuda():
 
 
 def _per_sequence_sdpa(q, k, v, bounds):
-    return torch.cat([
-        F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1),
-                                       is_causal=True, enable_gqa=True).transpose(0, 1)
-        for a, b in bounds
-    ])
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True, enable_gqa=True
+            ).transpose(0, 1)
+            for a, b in bounds
+        ]
+    )
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

@@ -217,8 +217,6 @@ def make_bwd_main(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, 
             v_tile = T.alloc_shared([block_n, head_dim], dt)
             q_tile = T.alloc_shared([block_m, head_dim], dt)
             do_tile = T.alloc_shared([block_m, head_dim], dt)
-            lse2 = T.alloc_shared([block_m], acc)
-            delta = T.alloc_shared([block_m], acc)
             ds_tile = T.alloc_shared([block_n, block_m], dt)
             p = T.alloc_fragment([block_n, block_m], acc)
             dp = T.alloc_fragment([block_n, block_m], acc)
@@ -255,14 +253,18 @@ def make_bwd_main(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, 
                 T.copy(DO[q_start + q0 : q_start + q0 + block_m, head, :], do_tile)
                 T.clear(dp)
                 T.gemm(v_tile, do_tile, dp, transpose_B=True, policy=score_policy)
-                T.copy(LSE2[head, q_start + q0 : q_start + q0 + block_m], lse2)
-                T.copy(DELTA[head, q_start + q0 : q_start + q0 + block_m], delta)
+                # The rows' lse2 and delta are read from global memory, not staged by TMA as in
+                # the dense backward: here a tile starts at any packed row, so the box would start
+                # anywhere in the innermost dimension and the workspaces' rows would have to be
+                # 16-byte multiples (TileLang refused the descriptor for 305 rows on the H200, and
+                # packed batches of 16k tokens stopped the TMA version with an illegal instruction).
+                # 64 floats a step, read through L1, beside two 64 x 128 products.
                 for i, j in T.Parallel(block_n, block_m):
                     seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
-                    p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - lse2[j]), 0)
+                    p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - LSE2[head, q_start + q0 + j]), 0)
                 T.copy(p, p_cast)
                 for i, j in T.Parallel(block_n, block_m):
-                    ds_cast[i, j] = p[i, j] * (dp[i, j] - delta[j]) * scale
+                    ds_cast[i, j] = p[i, j] * (dp[i, j] - DELTA[head, q_start + q0 + j]) * scale
                 T.copy(ds_cast, ds_tile)
                 if split_columns:
                     T.copy(p_cast, p_tile)
