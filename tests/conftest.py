@@ -55,3 +55,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if "compile" in item.keywords and shutil.which("nvcc") is None:
             item.add_marker(no_nvcc)
+
+
+#: Messages of the CUDA errors after which a process's context refuses every later call.
+_CONTEXT_POISONED = ("illegal instruction", "illegal memory access", "device-side assert", "misaligned address", "CUDA_ERROR_ILLEGAL")
+_POISONED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Note a test whose error poisoned the process's CUDA context (see ``pytest_runtest_teardown``)."""
+    yield
+    if call.excinfo is not None and any(sign in str(call.excinfo.value) for sign in _CONTEXT_POISONED):
+        item.stash[_POISONED] = True
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    """After such an error every later test of the process fails with the same message. Under
+    pytest-xdist the process ends here, once the test's failure is reported, and xdist starts a
+    fresh one for the tests left: one broken kernel shows as its own failures only."""
+    if item.stash.get(_POISONED, False) and "PYTEST_XDIST_WORKER" in os.environ:
+        os._exit(3)
