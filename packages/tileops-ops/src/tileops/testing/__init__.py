@@ -24,6 +24,7 @@ __all__ = [
     "check_workload",
     "resize_batch",
     "reference_outputs",
+    "smallest_workload",
     "workload_cases",
     "workload_elements",
     "workload_for_shape",
@@ -52,6 +53,12 @@ class WorkloadCase:
 def workload_elements(workload: Workload) -> int:
     """How many elements all of ``workload``'s inputs hold together."""
     return sum(math.prod(shape) for shape in workload.shapes.values())
+
+
+def smallest_workload(op_class) -> Workload:
+    """The workload of ``op_class`` whose inputs hold the fewest elements: what a call that checks
+    what the op does with any input (or shows it running) needs, at the least cost."""
+    return min(op_class.manifest_entry().workloads, key=workload_elements)
 
 
 def workload_cases(op_classes) -> Iterator[WorkloadCase]:

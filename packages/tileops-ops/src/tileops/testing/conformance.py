@@ -27,7 +27,7 @@ from tileops.core import Op
 from tileops.core.manifest import DTYPES, Workload
 from tileops.ops import FAMILIES
 
-from . import check_empty_write, check_workload, resize_batch, workload_elements
+from . import check_empty_write, check_workload, resize_batch, smallest_workload, workload_elements
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +56,6 @@ def _builds(op: Op, target: str) -> int:
     """How many kernels ``op`` has had ``target``'s builder build: ``Op`` keeps each one, by
     the input layout it was built for, in ``built_kernels``."""
     return sum(1 for key, _ in op.built_kernels() if key == target)
-
-
-def _smallest_workload(op_class: type[Op]) -> Workload:
-    """The op's workload of fewest input elements: the checks that run one workload check what
-    the op does with any call (writes nothing for an empty batch, builds once per layout, refuses
-    a target that does not serve it), which a large one would only make slow."""
-    return min(op_class.manifest_entry().workloads, key=workload_elements)
 
 
 class TargetConformance:
@@ -110,7 +103,8 @@ class TargetConformance:
                 for dtype in workload.dtypes:
                     name = f"{self.target}: {op_class.__name__} {workload.name} {_dtype_name(dtype)}"
                     checks.append(Check(name, self._workload_check(op_class, workload, dtype)))
-            smallest = _smallest_workload(op_class)
+            # The checks of one workload test what the op does with any call: the smallest will do.
+            smallest = smallest_workload(op_class)
             checks.append(Check(f"{self.target}: {op_class.__name__} empty-write call", self._empty_check(op_class, smallest)))
             if self.target != BUILTIN:
                 name = f"{self.target}: {op_class.__name__} builds once per input layout"
@@ -154,7 +148,7 @@ class TargetConformance:
 
     def _not_served_check(self, op_class) -> Callable[[], None]:
         def run() -> None:
-            workload = _smallest_workload(op_class)
+            workload = smallest_workload(op_class)
             op = self._op(op_class, workload)
             from . import workload_inputs
 
