@@ -547,10 +547,29 @@ def test_check_reports_an_op_listed_under_another_family(capsys, monkeypatch):
 
 
 # -- demo and the console script -------------------------------------------------------------------
-def test_demo_still_runs_every_op(capsys):
+def test_demo_still_runs_every_op_then_a_transformers_model_as_built_and_patched(capsys):
     code, out = run_cli(capsys, "demo", "--device", "cpu")
-    assert code == 0
+    assert code == 0, out
     assert out.count("served by torch_cpu") == len(ALL_OPS)
+    model = out[out.index("\nmodel (") :]
+    assert "LlamaMLP -> tileops.nn.GatedMLP (2)" in model
+    sides = {line.split()[0]: line.split()[1:] for line in model.splitlines() if line.split()[:1] in (["transformers"], ["tileops"])}
+    assert set(sides) == {"transformers", "tileops"}
+    assert all(float(value) > 0 for times in sides.values() for value in times[:2])
+    # float32 on the CPU: the patched model's logits and loss are the unpatched one's.
+    assert abs(float(sides["tileops"][2]) - float(sides["transformers"][2])) < 1e-4
+    difference = float(re.search(r"largest difference between the sides ([0-9.e+-]+)", model).group(1))
+    assert difference < 1e-4
+
+
+def test_demo_model_part_says_it_is_skipped_without_transformers_and_leaves_with_no_model(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # an import of it raises ImportError
+    code, out = run_cli(capsys, "demo", "--device", "cpu", "RMSNormFwdOp")
+    assert code == 0 and "model (" not in out  # naming ops runs those ops only
+    code, report = run_json(capsys, "demo", "--device", "cpu")
+    assert code == 0 and report["model"] == {"skipped": "transformers is not installed (pip install 'tileops[transformers]')"}
+    code, report = run_json(capsys, "demo", "--device", "cpu", "--no-model")
+    assert code == 0 and "model" not in report and len(report["calls"]) == len(ALL_OPS)
 
 
 def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsys):

@@ -403,8 +403,9 @@ def test_an_unknown_architecture_gets_what_is_recognised_replaced_and_the_rest_r
     torch.testing.assert_close(x.grad, x_reference.grad)
 
 
-def test_the_ops_and_modules_do_not_import_transformers():
-    code = ("import sys, tileops.ops, tileops.nn, tileops.integrations, tileops.integrations.transformers; "
+def test_the_ops_modules_and_command_line_do_not_import_transformers():
+    code = ("import sys, tileops.ops, tileops.nn, tileops.integrations, tileops.integrations.transformers, "
+            "tileops.cli.main, tileops.cli.demo; "
             "assert 'transformers' not in sys.modules, 'transformers was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

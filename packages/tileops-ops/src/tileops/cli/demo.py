@@ -1,6 +1,7 @@
 """``tileops demo``: run every op (or the named ones) once on the best device here, and print
 which target and kernel served each call, how far its results are from the manifest's
-reference (``ref_api``, within the entry's ``tolerance``), and what each target registered is."""
+reference (``ref_api``, within the entry's ``tolerance``), and what each target registered is;
+then, on the whole tour, a small transformers model as built and patched (``demo_model``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tileops.testing import reference_outputs, smallest_workload, workload_input
 
 from . import call_flags
 from .call_flags import CallFlags
+from .demo_model import print_model, run_model
 from .output import UsageError, device_argument, print_json, shape_argument, version
 from .provenance import distribution_of
 
@@ -31,7 +33,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         ),
         epilog=(
             "Exit status: 0 when every call ran and matched its reference within the manifest's tolerance, "
-            "1 when a result did not, 2 for a bad command line (such as a device this machine lacks)."
+            "1 when a result did not (or the patched model's were not finite), 2 for a bad command line "
+            "(such as a device this machine lacks)."
         ),
     )
     parser.add_argument("ops", nargs="*", metavar="OP", help="op class names (default: every op)")
@@ -42,6 +45,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--shape", type=shape_argument, help="shape of each op's first input (default: its smallest manifest workload's)"
     )
     call_flags.add_arguments(parser)
+    parser.add_argument(
+        "--no-model",
+        action="store_true",
+        help="leave out the model part (run when no op or --shape is named: a small transformers model, "
+        "as built and patched by tileops.integrations.transformers, timed side by side)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
 
@@ -205,8 +214,14 @@ def run(args: argparse.Namespace) -> int:
             f"{_error_text(error, len(entry.outputs) + len(reference_written))}"
         )
     outside = [call["op"] for call in report["calls"] if not call["reference_error"]["within_tolerance"]]
+    model_failed = False
+    if not (args.ops or args.shape or args.no_model):
+        report["model"] = run_model(device, dtype)
+        model_failed = not report["model"].get("finite", True)
+        if not args.json:
+            print_model(report["model"], device, dtype)
     if args.json:
         print_json(report)
     elif outside:
         print(f"\n{len(outside)} call(s) outside the manifest's tolerance: {', '.join(outside)}")
-    return 1 if outside else 0
+    return 1 if outside or model_failed else 0

@@ -1,0 +1,114 @@
+"""The model part of ``tileops demo``: a small Llama-architecture transformers model (random
+weights, nothing downloaded) run as transformers builds it and patched by
+``tileops.integrations.transformers.apply``, side by side: what the patch replaced and left,
+the time of a forward and of a training step on each side, and how far their results are apart.
+
+transformers is optional: where it is not installed the part says so and is skipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from typing import Any
+
+import torch
+
+#: A Llama small enough for a CPU: every kind of part the patch replaces (RMSNorm, gated MLP,
+#: rotary q/k, GQA attention, the causal LM loss) at a size that runs in milliseconds.
+SMALL_LLAMA = {
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+}
+BATCH, TOKENS = 2, 128
+REPEATS = 5
+SKIPPED = "transformers is not installed (pip install 'tileops[transformers]')"
+
+
+def run_model(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Both sides' results and times (see the module's docstring), or ``{"skipped": why}``."""
+    try:
+        import transformers
+    except ImportError:
+        return {"skipped": SKIPPED}
+    import tileops.integrations.transformers as tileops_transformers
+
+    torch.manual_seed(0)
+    plain = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL_LLAMA)).to(device=device, dtype=dtype)
+    patched = copy.deepcopy(plain)
+    report = tileops_transformers.apply(patched)
+    ids = torch.randint(0, SMALL_LLAMA["vocab_size"], (BATCH, TOKENS), generator=torch.Generator().manual_seed(1)).to(device)
+    sides = {}
+    logits = {}
+    for side, model in (("transformers", plain), ("tileops", patched)):
+        model.eval()
+        with torch.no_grad():
+            logits[side] = model(ids).logits.float()
+
+        def forward(model=model) -> None:
+            with torch.no_grad():
+                model(ids)
+
+        def training_step(model=model) -> float:
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        forward_ms = _median_ms(forward, device)
+        model.train()
+        loss = training_step()
+        sides[side] = {"forward_ms": forward_ms, "training_step_ms": _median_ms(training_step, device), "loss": loss}
+    difference = float((logits["tileops"] - logits["transformers"]).abs().max())
+    largest = float(logits["transformers"].abs().max())
+    return {
+        "model": f"LlamaForCausalLM, {SMALL_LLAMA['num_hidden_layers']} layers, hidden {SMALL_LLAMA['hidden_size']}, "
+        f"{SMALL_LLAMA['num_attention_heads']}/{SMALL_LLAMA['num_key_value_heads']} heads, vocabulary "
+        f"{SMALL_LLAMA['vocab_size']}, random weights",
+        "tokens": [BATCH, TOKENS],
+        "report": str(report),
+        "replaced": len(report.replaced),
+        "left": len(report.left),
+        "sides": sides,
+        "max_logit_difference": difference,
+        "largest_logit": largest,
+        "finite": math.isfinite(difference) and math.isfinite(sides["tileops"]["loss"]),
+    }
+
+
+def print_model(result: dict[str, Any], device: torch.device, dtype: torch.dtype) -> None:
+    print("\nmodel (a transformers model, patched by tileops.integrations.transformers.apply):")
+    if "skipped" in result:
+        print(f"  skipped: {result['skipped']}")
+        return
+    batch, tokens = result["tokens"]
+    print(f"  {result['model']}; {batch} x {tokens} tokens, {str(dtype).removeprefix('torch.')} on {device}")
+    print("  " + result["report"].replace("\n", "\n  "))
+    print(f"  {'side':<14}{'forward (ms)':>14}{'training step (ms)':>20}{'loss':>10}")
+    for side, times in result["sides"].items():
+        print(f"  {side:<14}{times['forward_ms']:>14.2f}{times['training_step_ms']:>20.2f}{times['loss']:>10.4f}")
+    print(
+        f"  logits: largest difference between the sides {result['max_logit_difference']:.2g} "
+        f"(the largest logit is {result['largest_logit']:.2g})"
+    )
+
+
+def _median_ms(function, device: torch.device) -> float:
+    function()  # warm-up: kernel builds
+    times = []
+    for _ in range(REPEATS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        function()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
