@@ -276,7 +276,7 @@ def cpu_training(monkeypatch):
 
 
 def test_a_training_row_times_every_side_and_counts_forward_and_backward_bytes(cpu_training):
-    from tileops.core.manifest.loader import Workload
+    from tileops.core.manifest import Workload
     from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp
 
     bench_training, timed = cpu_training

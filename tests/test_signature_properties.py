@@ -37,7 +37,7 @@ from helpers import generated_bind
 from tileops.backend import OpArgumentError
 from tileops.core import Op
 from tileops.core.manifest.expressions import evaluate
-from tileops.core.manifest.loader import DTYPES, OpEntry, ParamDecl, TensorDecl
+from tileops.core.manifest import DTYPES, OpEntry, ParamDecl, TensorDecl
 from tileops.ops import FAMILIES
 from tileops.testing import reference_outputs
 

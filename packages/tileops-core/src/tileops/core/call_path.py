@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .manifest import BoundCall, Signature
-from .manifest.loader import OpEntry, TensorDecl
+from .manifest.entries import OpEntry, TensorDecl
 from .manifest.signature import overlapping
 from .manifest.shapes import PatternEntry
 

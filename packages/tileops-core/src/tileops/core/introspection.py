@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .manifest import OpEntry
-from .manifest.loader import ParamDecl, TensorDecl
+from .manifest.entries import ParamDecl, TensorDecl
 
 
 def call_signature(entry: OpEntry) -> inspect.Signature:

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from tileops.core.manifest.expressions import evaluate
-from tileops.core.manifest.loader import Workload
+from tileops.core.manifest import Workload
 from tileops.core.timing import best_call_times_us
 from tileops.core.timing import gpu_time_us as graph_replay_time_us
 from tileops.ops import FAMILIES

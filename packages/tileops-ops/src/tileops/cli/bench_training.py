@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from tileops.core.manifest import load_manifest
-from tileops.core.manifest.loader import OpEntry, Workload
+from tileops.core.manifest import OpEntry, Workload
 from tileops.testing import reference_outputs, workload_inputs
 
 from . import bench, call_flags

@@ -23,7 +23,7 @@ import torch
 
 from tileops.core.errors import TileOpsError
 from tileops.core.manifest import OpEntry
-from tileops.core.manifest.loader import DTYPES, ParamDecl, Workload, param_value
+from tileops.core.manifest import DTYPES, ParamDecl, Workload, param_value
 from tileops.core.op import Op
 from tileops.ops import FAMILIES
 from tileops.testing import workload_for_shape

@@ -25,7 +25,7 @@ from tileops.core import registry
 from tileops.core.discovery import load_backends
 from tileops.core.errors import TileOpsError
 from tileops.core.manifest import OpEntry, Signature
-from tileops.core.manifest.loader import DTYPES, parse_manifest
+from tileops.core.manifest import DTYPES, parse_manifest
 from tileops.core.op import Op, constructor_mismatch
 from tileops.ops import FAMILIES
 

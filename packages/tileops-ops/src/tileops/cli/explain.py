@@ -21,7 +21,7 @@ from tileops.core import registry
 from tileops.core.device_facts import DeviceFacts, facts_for
 from tileops.core.errors import BackendError, KernelSelectionError, TileOpsError
 from tileops.core.kernel import CallSpec, KernelInterface
-from tileops.core.manifest.loader import DTYPES
+from tileops.core.manifest import DTYPES
 from tileops.core.op import Op
 from tileops.core.registry import BUILTIN, describe_callable
 from tileops.core.targets import bind_target, check_target_name

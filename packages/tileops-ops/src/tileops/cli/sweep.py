@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from tileops.core.errors import TileOpsError
-from tileops.core.manifest.loader import DTYPES, Workload
+from tileops.core.manifest import DTYPES, Workload
 from tileops.ops import FAMILIES
 from tileops.testing import workload_for_shape, workload_inputs
 

@@ -1,6 +1,7 @@
 """The manifest: each op's external contract, declared in YAML, loaded and validated strictly.
 
-``loader`` reads and validates files into ``OpEntry`` objects; ``expressions`` compiles the
+``entries`` is the data model (``OpEntry`` and its parts); ``loader`` reads files as plain YAML
+(``plain_yaml``) and validates them into entries; ``expressions`` compiles the
 small expression language entries use; ``shapes`` is the shape-pattern language;
 ``signature`` turns an entry into the checks an op runs on every call (the reference bind;
 ``tileops.core.call_path`` generates the fast path of the common case from the same entry).
@@ -10,7 +11,8 @@ line, ``tileops.testing``); the modules behind them are internal.
 """
 
 from .expressions import evaluate
-from .loader import DTYPES, BackwardDecl, OpEntry, ParamDecl, TensorDecl, Workload, load_manifest, parse_manifest
+from .entries import DTYPES, BackwardDecl, OpEntry, ParamDecl, TensorDecl, Workload, param_value
+from .loader import load_manifest, parse_manifest
 from .shapes import PatternEntry, ShapePattern
 from .signature import BoundCall, Signature
 
@@ -27,5 +29,6 @@ __all__ = [
     "Workload",
     "evaluate",
     "load_manifest",
+    "param_value",
     "parse_manifest",
 ]

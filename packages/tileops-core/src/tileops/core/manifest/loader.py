@@ -3,9 +3,8 @@
 Each top-level key of a file is an op's class name; its value is the op's entry. Unknown
 fields, undefined names, contradictory declarations and bad values are ``ManifestError``s
 naming the file, the op and the field, quoting what they found cut short (``quoting``);
-no other exception escapes, whatever the file holds. The YAML is read without anchors,
-aliases or merge keys (a few kilobytes of aliases expand to gigabytes) and no deeper than
-MAX_DEPTH. Constraints are evaluated on every workload's params when the file is loaded, so a
+no other exception escapes, whatever the file holds. The YAML is read as plain data
+(``plain_yaml``) into the data model of ``entries``. Constraints are evaluated on every workload's params when the file is loaded, so a
 constraint that cannot be evaluated (comparing a shape with an int) is the loader's error,
 not the constructor's. The schema is documented in docs/manifest.md.
 """
@@ -15,160 +14,31 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-import yaml
 
 from ..errors import ManifestError
+from .entries import (
+    ACCESS,
+    DTYPES,
+    MAX_NUMEL,
+    PARAM_TYPES,
+    REQUIRED,
+    BackwardDecl,
+    Constraint,
+    OpEntry,
+    ParamDecl,
+    TensorDecl,
+    Workload,
+    is_int,
+    param_value,
+)
 from .expressions import FUNCTIONS, ExpressionError, compile_expression, evaluate
+from .plain_yaml import read_yaml
 from .quoting import shown, shown_text
 from .shapes import ShapePattern
-
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int8": torch.int8,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "bool": torch.bool,
-}
-PARAM_TYPES = ("int", "float", "bool", "str", "shape", "dtype")
-ACCESS = ("read", "readwrite", "write")
-#: How deeply the YAML may nest mappings and lists; entries need six levels.
-MAX_DEPTH = 32
-#: The most elements a workload's tensor (or a shape param) may have: its bytes, 8 per
-#: element at most, must fit torch's int64 sizes.
-MAX_NUMEL = 2**60
-_MISSING = object()
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorDecl:
-    """An input or output tensor of a signature."""
-
-    name: str
-    dtypes: tuple[torch.dtype, ...] | None  # allowed dtypes, or None when dtype_same_as is set
-    dtype_same_as: str | None
-    shape: ShapePattern | None  # None when shape_same_as is set
-    shape_same_as: str | None
-    optional: bool = False
-    cpu: bool = False
-    contiguous: bool = False
-    access: str = "read"
-    aliases: str | None = None  # outputs: the written input this output returns
-    out: str | None = None  # outputs: keyword of a caller buffer to fill
-    doc: str = ""
-    #: inputs: the expression that computes this input from the others where a workload needs
-    #: it (a forward's saved statistics, which random values would contradict); None: random
-    derive: str | None = None
-    derive_code: Any = None
-    #: outputs: a ``dtype`` param whose value, when not None, is the output's dtype instead of
-    #: ``dtype_same_as``'s (``dtype: {same_as: x, param: NAME}``: a caller asks for wider results)
-    dtype_param: str | None = None
-
-    @property
-    def written(self) -> bool:
-        return self.access != "read"
-
-    def dtype_in(self, dtype: torch.dtype) -> torch.dtype:
-        """This tensor's dtype in a call (a workload, a description) whose tensors are ``dtype``:
-        ``dtype``, except for a derived input whose declaration does not accept it, which gets
-        the first dtype it declares (a float32 statistic beside bfloat16 tensors)."""
-        if self.derive is None or self.dtypes is None or dtype in self.dtypes:
-            return dtype
-        return self.dtypes[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamDecl:
-    name: str
-    type: str
-    default: Any = _MISSING
-    nullable: bool = False
-    keyword_only: bool = False
-    doc: str = ""
-
-    @property
-    def required(self) -> bool:
-        return self.default is _MISSING
-
-
-@dataclasses.dataclass(frozen=True)
-class Constraint:
-    text: str
-    code: Any
-    message: str
-    at_construction: bool  # uses params only, so it is checked once per op instance
-    place: str = ""  # the file, op and field, for errors
-
-    def holds(self, namespace: dict[str, Any]) -> bool:
-        """Whether the constraint holds for ``namespace`` (params and dimensions); a
-        ``ManifestError`` naming the constraint where it cannot be evaluated on them."""
-        try:
-            return bool(evaluate(self.code, namespace))
-        except Exception as error:  # noqa: BLE001 - whatever the expression raises is the manifest's fault
-            shown_values = ", ".join(f"{k}={shown(v, 40)}" for k, v in namespace.items())
-            raise ManifestError(
-                f"{self.place}: the constraint {shown(self.text)} cannot be evaluated on {shown_text(shown_values, 200)}: "
-                f"{type(error).__name__}: {shown_text(str(error), 200)}"
-            ) from None
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    name: str
-    shapes: Mapping[str, tuple[int, ...]]
-    dtypes: tuple[torch.dtype, ...]
-    params: Mapping[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class BackwardDecl:
-    """What a differentiable forward op declares of its backward op.
-
-    ``op`` names the backward op (an entry of the same file). ``saves`` are the backward's
-    inputs the forward's implementation computes in its own pass (per-row statistics);
-    the backward's other inputs are named after what they receive: ``d<output>``, the incoming
-    gradient of a forward output, or the name of a forward input or output. ``grads`` maps each
-    forward input that gets a gradient to the backward output holding it (several inputs may
-    share one, as the two addends of a fused sum do).
-    """
-
-    op: str
-    saves: tuple[str, ...]
-    grads: Mapping[str, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class OpEntry:
-    """One op's validated manifest entry."""
-
-    name: str
-    family: str
-    summary: str
-    inputs: tuple[TensorDecl, ...]
-    outputs: tuple[TensorDecl, ...]
-    params: tuple[ParamDecl, ...]
-    exec_args: tuple[ParamDecl, ...]  # keyword-only call arguments passed through to implementations
-    constraints: tuple[Constraint, ...]
-    ref_api: str
-    ref_code: Any
-    torch_api: str | None  # the same computation in plain torch at the inputs' precision (benchmarks)
-    torch_code: Any
-    tolerance: Mapping[torch.dtype, tuple[float, float]]  # dtype -> (atol, rtol)
-    workloads: tuple[Workload, ...]
-    roofline: Mapping[str, Any]  # "bytes"/"flops" -> code
-    source: str
-    backward: BackwardDecl | None = None  # None: the op is not differentiable
-
-    def input(self, name: str) -> TensorDecl:
-        return next(t for t in self.inputs if t.name == name)
-
 
 class _Where:
     """Builds errors that name the file, the op and the field."""
@@ -325,56 +195,15 @@ def _tensor(
     return TensorDecl(**fields)
 
 
-def param_value(kind: str, value: Any) -> Any:
-    """A non-null ``value`` of a param of type ``kind`` in its canonical form (shapes as
-    tuples, floats as float); ValueError saying what was expected otherwise."""
-    if kind == "int":
-        if not _is_int(value):
-            raise ValueError("an int")
-        return int(value)
-    if kind == "float":
-        # Any real number: Python's, numpy's of every width (numpy registers its scalar types
-        # as numbers.Real), a Fraction; not a bool.
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError("a float")
-        try:
-            return float(value)
-        except (OverflowError, ValueError, TypeError):
-            raise ValueError("a float (a real number that fits one)") from None
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError("a bool")
-        return value
-    if kind == "str":
-        if not isinstance(value, str):
-            raise ValueError("a str")
-        return value
-    if kind == "dtype":
-        if not isinstance(value, torch.dtype):
-            raise ValueError("a torch.dtype")
-        return value
-    # shape: an int or a sequence of ints, as torch's shape arguments take
-    if _is_int(value):
-        value = (value,)
-    if isinstance(value, (list, tuple, torch.Size)) and all(_is_int(d) and 0 <= d <= MAX_NUMEL for d in value):
-        return tuple(int(d) for d in value)
-    raise ValueError("an int or a sequence of non-negative ints")
-
-
-def _is_int(value: Any) -> bool:
-    """An integer (Python's or numpy's of any width), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _param(name: str, value: Any, where: _Where) -> ParamDecl:
     spec = _mapping(value, where, {"type", "default", "nullable", "keyword_only", "doc"}, {"type"})
     if not isinstance(spec["type"], str) or spec["type"] not in PARAM_TYPES:
         raise where.at("type").error(f"expected one of {', '.join(PARAM_TYPES)}, got {shown(spec['type'])}")
     nullable = _bool(spec.get("nullable", False), where.at("nullable"))
-    default = spec.get("default", _MISSING)
+    default = spec.get("default", REQUIRED)
     if default is None and not nullable:
         raise where.at("default").error("is null but the param is not nullable: add nullable: true")
-    if default is not None and default is not _MISSING:
+    if default is not None and default is not REQUIRED:
         default = _written_param(spec["type"], default, where.at("default"))
     return ParamDecl(
         name=name,
@@ -518,7 +347,7 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
         w = _mapping(w, wwhere, {"name", "shapes", "dtypes", "params"}, {"name", "shapes", "dtypes"})
         shapes = {}
         for tname, shape in _mapping(w["shapes"], wwhere.at("shapes"), set(inputs)).items():
-            if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
                 raise wwhere.at(f"shapes.{tname}").error(f"expected a list of non-negative ints, got {shown(shape)}")
             if math.prod(shape) > MAX_NUMEL:
                 raise wwhere.at(f"shapes.{tname}").error(f"{shown(shape)} has more elements than a tensor can hold (2**60)")
@@ -679,64 +508,9 @@ def _expression(text: Any, names: set[str], where: _Where, *, attributes: bool =
         raise where.error(str(error)) from None
 
 
-class _ManifestLoader(yaml.SafeLoader):
-    """Safe loading of plain data: no anchors or aliases, no merge keys, keys that are scalars
-    and given once per mapping (YAML would keep the last), at most MAX_DEPTH levels."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise yaml.composer.ComposerError(
-                None, None,
-                f"uses the anchor or alias {shown_text(event.anchor)!r}; manifests do not use anchors and aliases "
-                "(a small file of them expands without bound): write each value out",
-                event.start_mark,
-            )
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nests mappings and lists more than {MAX_DEPTH} levels deep", event.start_mark
-                )
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _construct_mapping(loader: _ManifestLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        if key_node.tag == _MERGE_TAG:
-            raise yaml.constructor.ConstructorError(
-                None, None, "uses a merge key ('<<'), which manifests do not: write the fields out", key_node.start_mark
-            )
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"has a {key_node.id} as a mapping key; keys are names", key_node.start_mark
-            )
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key {shown(key)} is given twice", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_ManifestLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def parse_manifest(text: str, source: str) -> dict[str, OpEntry]:
     """Validate the YAML ``text`` of one manifest file; ``source`` names it in errors."""
-    try:
-        document = yaml.load(text, Loader=_ManifestLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as error:
-        raise ManifestError(f"{source}: not valid YAML: {shown_text(str(error), 600)}") from None
+    document = read_yaml(text, source)
     if document is None:
         return {}
     if not isinstance(document, dict):

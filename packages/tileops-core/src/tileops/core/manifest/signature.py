@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import OpArgumentError
-from .loader import OpEntry, ParamDecl, TensorDecl, param_value
+from .entries import OpEntry, ParamDecl, TensorDecl, param_value
 from .quoting import shown
 from .shapes import given
 
