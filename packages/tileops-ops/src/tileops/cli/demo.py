@@ -1,7 +1,8 @@
 """``tileops demo``: run every op (or the named ones) once on the best device here, and print
 which target and kernel served each call, how far its results are from the manifest's
 reference (``ref_api``, within the entry's ``tolerance``), and what each target registered is;
-then, on the whole tour, a small transformers model as built and patched (``demo_model``)."""
+then, on the whole tour, a small transformers model as built and as patched
+(``tileops.integrations.transformers.side_by_side``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from tileops.testing import reference_outputs, smallest_workload, workload_input
 
 from . import call_flags
 from .call_flags import CallFlags
-from .demo_model import print_model, run_model
 from .output import UsageError, device_argument, print_json, shape_argument, version
 from .provenance import distribution_of
 
@@ -216,10 +216,12 @@ def run(args: argparse.Namespace) -> int:
     outside = [call["op"] for call in report["calls"] if not call["reference_error"]["within_tolerance"]]
     model_failed = False
     if not (args.ops or args.shape or args.no_model):
-        report["model"] = run_model(device, dtype)
+        from tileops.integrations.transformers import side_by_side
+
+        report["model"] = side_by_side.compare(device, dtype)
         model_failed = not report["model"].get("finite", True)
         if not args.json:
-            print_model(report["model"], device, dtype)
+            print("\n" + side_by_side.describe(report["model"], device, dtype))
     if args.json:
         print_json(report)
     elif outside:

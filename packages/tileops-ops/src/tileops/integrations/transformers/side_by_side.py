@@ -1,9 +1,9 @@
-"""The model part of ``tileops demo``: a small Llama-architecture transformers model (random
-weights, nothing downloaded) run as transformers builds it and patched by
-``tileops.integrations.transformers.apply``, side by side: what the patch replaced and left,
-the time of a forward and of a training step on each side, and how far their results are apart.
+"""A small Llama-architecture transformers model (random weights, nothing downloaded) as
+transformers builds it and as ``apply`` patches it, side by side: what the patch replaced and
+left, the time of a forward and of a training step on each side, and how far their results are
+apart. ``tileops demo`` ends with it.
 
-transformers is optional: where it is not installed the part says so and is skipped.
+transformers is optional: where it is not installed, ``compare`` says so instead.
 """
 
 from __future__ import annotations
@@ -32,18 +32,18 @@ REPEATS = 5
 SKIPPED = "transformers is not installed (pip install 'tileops[transformers]')"
 
 
-def run_model(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def compare(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Both sides' results and times (see the module's docstring), or ``{"skipped": why}``."""
     try:
         import transformers
     except ImportError:
         return {"skipped": SKIPPED}
-    import tileops.integrations.transformers as tileops_transformers
+    from tileops.integrations.transformers import apply
 
     torch.manual_seed(0)
     plain = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL_LLAMA)).to(device=device, dtype=dtype)
     patched = copy.deepcopy(plain)
-    report = tileops_transformers.apply(patched)
+    report = apply(patched)
     ids = torch.randint(0, SMALL_LLAMA["vocab_size"], (BATCH, TOKENS), generator=torch.Generator().manual_seed(1)).to(device)
     sides = {}
     logits = {}
@@ -83,21 +83,22 @@ def run_model(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def print_model(result: dict[str, Any], device: torch.device, dtype: torch.dtype) -> None:
-    print("\nmodel (a transformers model, patched by tileops.integrations.transformers.apply):")
+def describe(result: dict[str, Any], device: torch.device, dtype: torch.dtype) -> str:
+    """``compare``'s result as the lines ``tileops demo`` prints."""
+    lines = ["model (a transformers model, patched by tileops.integrations.transformers.apply):"]
     if "skipped" in result:
-        print(f"  skipped: {result['skipped']}")
-        return
+        return "\n".join([*lines, f"  skipped: {result['skipped']}"])
     batch, tokens = result["tokens"]
-    print(f"  {result['model']}; {batch} x {tokens} tokens, {str(dtype).removeprefix('torch.')} on {device}")
-    print("  " + result["report"].replace("\n", "\n  "))
-    print(f"  {'side':<14}{'forward (ms)':>14}{'training step (ms)':>20}{'loss':>10}")
+    lines.append(f"  {result['model']}; {batch} x {tokens} tokens, {str(dtype).removeprefix('torch.')} on {device}")
+    lines += ["  " + line for line in result["report"].splitlines()]
+    lines.append(f"  {'side':<14}{'forward (ms)':>14}{'training step (ms)':>20}{'loss':>10}")
     for side, times in result["sides"].items():
-        print(f"  {side:<14}{times['forward_ms']:>14.2f}{times['training_step_ms']:>20.2f}{times['loss']:>10.4f}")
-    print(
+        lines.append(f"  {side:<14}{times['forward_ms']:>14.2f}{times['training_step_ms']:>20.2f}{times['loss']:>10.4f}")
+    lines.append(
         f"  logits: largest difference between the sides {result['max_logit_difference']:.2g} "
         f"(the largest logit is {result['largest_logit']:.2g})"
     )
+    return "\n".join(lines)
 
 
 def _median_ms(function, device: torch.device) -> float:
