@@ -62,6 +62,40 @@ def _visible(causal: bool, window, row, col, s_k, offset):
     return ok
 
 
+def online_softmax_step(causal: bool, window, scale2: float, block_m: int, block_n: int, head_dim: int):
+    """The forward's step over one key block, as a TileLang macro (inlined where a program calls
+    it) that the dense and the variable-length forwards share: S = Q K^T masked to the keys each
+    row sees, the running maximum and sum in base 2, o rescaled by the maximum's change, and
+    P = exp2(S * scale2 - shift) cast into ``p``; the caller loads V and adds P V into o.
+    ``q0`` and ``k0`` are the block's first query and key within their sequence."""
+    import tilelang.language as T
+
+    acc = "float32"
+
+    @T.macro
+    def step(q_tile, k_tile, s, p, o, row_max, prev_max, shift, rescale, tile_sum, row_sum, q0, k0, s_k, offset):
+        for i, j in T.Parallel(block_m, block_n):
+            seen = _visible(causal, window, q0 + i, k0 + j, s_k, offset)
+            s[i, j] = T.if_then_else(seen, 0, -T.infinity(acc))
+        T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+        T.copy(row_max, prev_max)
+        T.reduce_max(s, row_max, dim=1, clear=False)
+        for i in T.Parallel(block_m):
+            # -inf (no key seen yet) shifts by 0: exp2(-inf - 0) = 0, never NaN.
+            shift[i] = T.if_then_else(row_max[i] == -T.infinity(acc), 0, row_max[i] * scale2)
+            rescale[i] = T.exp2(prev_max[i] * scale2 - shift[i])
+        for i, j in T.Parallel(block_m, block_n):
+            s[i, j] = T.exp2(s[i, j] * scale2 - shift[i])
+        T.reduce_sum(s, tile_sum, dim=1)
+        for i in T.Parallel(block_m):
+            row_sum[i] = row_sum[i] * rescale[i] + tile_sum[i]
+        for i, j in T.Parallel(block_m, head_dim):
+            o[i, j] *= rescale[i]
+        T.copy(s, p)
+
+    return step
+
+
 def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, layout, *, block_m, block_n, stages, threads):
     """``main(q, k, v, o, lse)``: o and lse for q (B, S_q, H_q, D) and k, v (B, S_k, H_kv, D) in
     ``layout`` (bhsd swaps the middle dimensions; lse is (B, H_q, S_q) in bshd, (B, S_q, H_q) in
@@ -75,6 +109,7 @@ def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, layo
     q_shape = _shapes(layout, batch, s_q, heads_q, head_dim)
     kv_shape = _shapes(layout, batch, s_k, heads_kv, head_dim)
     lse_shape = [batch, heads_q, s_q] if layout == "bshd" else [batch, s_q, heads_q]
+    step = online_softmax_step(causal, window, scale2, block_m, block_n, head_dim)
 
     @T.prim_func
     def main(
@@ -112,24 +147,7 @@ def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, layo
             start = T.max(q0 + offset - window, 0) if window is not None else 0
             for kb in T.Pipelined(start // block_n, T.ceildiv(stop, block_n), num_stages=stages):
                 T.copy(_rows(K, layout, bz, kb * block_n, block_n, kv_head), k_tile)
-                for i, j in T.Parallel(block_m, block_n):
-                    seen = _visible(causal, window, q0 + i, kb * block_n + j, s_k, offset)
-                    s[i, j] = T.if_then_else(seen, 0, -T.infinity(acc))
-                T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(row_max, prev_max)
-                T.reduce_max(s, row_max, dim=1, clear=False)
-                for i in T.Parallel(block_m):
-                    # -inf (no key seen yet) shifts by 0: exp2(-inf - 0) = 0, never NaN.
-                    shift[i] = T.if_then_else(row_max[i] == -T.infinity(acc), 0, row_max[i] * scale2)
-                    rescale[i] = T.exp2(prev_max[i] * scale2 - shift[i])
-                for i, j in T.Parallel(block_m, block_n):
-                    s[i, j] = T.exp2(s[i, j] * scale2 - shift[i])
-                T.reduce_sum(s, tile_sum, dim=1)
-                for i in T.Parallel(block_m):
-                    row_sum[i] = row_sum[i] * rescale[i] + tile_sum[i]
-                for i, j in T.Parallel(block_m, head_dim):
-                    o[i, j] *= rescale[i]
-                T.copy(s, p)
+                step(q_tile, k_tile, s, p, o, row_max, prev_max, shift, rescale, tile_sum, row_sum, q0, kb * block_n, s_k, offset)
                 T.copy(_rows(V, layout, bz, kb * block_n, block_n, kv_head), v_tile)
                 T.gemm(p, v_tile, o, policy=T.GemmWarpPolicy.FullRow)
 

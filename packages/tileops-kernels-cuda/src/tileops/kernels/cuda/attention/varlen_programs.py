@@ -40,7 +40,7 @@ workspaces. Importing this module does not import tilelang; building a program d
 # No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
 
 from ..compile import compile_once
-from .programs import _TL_DTYPES, LN2, LOG2E, _visible, hopper_target
+from .programs import _TL_DTYPES, LN2, LOG2E, _visible, hopper_target, online_softmax_step
 
 
 def _sequence(cu_q, cu_k, b, total_q, total_k):
@@ -66,6 +66,7 @@ def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, b
     offsets, tiles = T.dynamic("offsets"), T.dynamic("tiles")
     group = heads_q // heads_kv
     scale2 = scale * LOG2E
+    step = online_softmax_step(causal, window, scale2, block_m, block_n, head_dim)
 
     @T.prim_func
     def main(
@@ -109,24 +110,7 @@ def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, b
             start = T.min(T.max(q0 + offset - window, 0), stop) if window is not None else 0
             for kb in T.Pipelined(start // block_n, T.ceildiv(stop, block_n), num_stages=stages):
                 T.copy(K[k_start + kb * block_n : k_start + kb * block_n + block_n, kv_head, :], k_tile)
-                for i, j in T.Parallel(block_m, block_n):
-                    seen = _visible(causal, window, q0 + i, kb * block_n + j, s_k, offset)
-                    s[i, j] = T.if_then_else(seen, 0, -T.infinity(acc))
-                T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(row_max, prev_max)
-                T.reduce_max(s, row_max, dim=1, clear=False)
-                for i in T.Parallel(block_m):
-                    # -inf (no key seen yet) shifts by 0: exp2(-inf - 0) = 0, never NaN.
-                    shift[i] = T.if_then_else(row_max[i] == -T.infinity(acc), 0, row_max[i] * scale2)
-                    rescale[i] = T.exp2(prev_max[i] * scale2 - shift[i])
-                for i, j in T.Parallel(block_m, block_n):
-                    s[i, j] = T.exp2(s[i, j] * scale2 - shift[i])
-                T.reduce_sum(s, tile_sum, dim=1)
-                for i in T.Parallel(block_m):
-                    row_sum[i] = row_sum[i] * rescale[i] + tile_sum[i]
-                for i, j in T.Parallel(block_m, head_dim):
-                    o[i, j] *= rescale[i]
-                T.copy(s, p)
+                step(q_tile, k_tile, s, p, o, row_max, prev_max, shift, rescale, tile_sum, row_sum, q0, kb * block_n, s_k, offset)
                 T.copy(V[k_start + kb * block_n : k_start + kb * block_n + block_n, kv_head, :], v_tile)
                 T.gemm(p, v_tile, o, policy=T.GemmWarpPolicy.FullRow)
 
