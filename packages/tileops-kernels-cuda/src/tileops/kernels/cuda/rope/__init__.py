@@ -183,8 +183,8 @@ class TileLangRopeInplace(Kernel, RotaryEmbeddingInplaceInterface):
             q.reshape(tokens, *q.shape[-2:]).contiguous(), k.reshape(tokens, *k.shape[-2:]).contiguous(),
             cos, sin, positions,
         )
-        q.copy_(q_rot.view(q.shape))
-        k.copy_(k_rot.view(k.shape))
+        q.copy_(q_rot.view_as(q))
+        k.copy_(k_rot.view_as(k))
 
 
 TileLangRope.preferred_over = frozenset({"tilelang_general"})
