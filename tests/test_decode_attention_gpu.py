@@ -48,9 +48,9 @@ def test_every_workload_matches_the_reference_on_cuda(case):
     assert _served_by(op) == expected
 
 
-# The longest cache is long enough to be split for every head layout below: a split of 64 query rows
-# of 256 columns (8 new tokens of 8 query heads per kv head) must read about 3200 positions to
-# amortise its q load and float32 partial result (decode_policy.min_split_positions).
+# The longest cache is long enough to be split for every head layout below, 64 query rows of 256
+# columns (8 new tokens of 8 query heads per kv head) included, whose splits carry 160 KiB of q and
+# float32 partial results each (decode_policy.split_bytes).
 LENGTHS = [0, 1, 63, 64, 65, 1000, 8193]
 
 

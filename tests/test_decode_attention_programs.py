@@ -43,19 +43,28 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
 
 def test_splits_fill_one_wave_of_resident_blocks_and_no_more():
     resident = H200[0] * 5
-    shortest = policy.min_split_positions(32, 8, 128, 1, 2)
-    assert shortest == 161  # q and the partial o, lse of 4 rows: 5 KiB, a sixteenth of 161 positions' KV
+    cost = policy.split_bytes(32, 8, 128, 1, 2)
+    # q of 4 rows in bfloat16 and their partial o, lse in float32; the merge reads the partials.
+    assert cost == (4 * 128 * 2 + 4 * 129 * 4, 4 * 129 * 4)
+    position = 2 * 128 * 2  # a key and a value of 128 bfloat16 elements
     # One sequence of 32k: 8 kv heads x 82 splits = 656 blocks of the 660 the GPU holds.
-    assert policy.splits(1, 8, 32768, resident, shortest) == 82
-    assert policy.splits(32, 8, 4096, resident, shortest) == 2
-    # B * Hkv fills the wave: unsplit; a short cache is not cut below the shortest split.
-    assert policy.splits(128, 8, 4096, resident, shortest) == 1
-    assert policy.splits(1, 8, 1024, resident, shortest) == 1024 // 161
-    assert policy.splits(1, 8, 100, resident, shortest) == 1
+    assert policy.splits(1, 8, 32768, resident, position, cost) == 82
+    assert policy.splits(32, 8, 4096, resident, position, cost) == 2
+    # B * Hkv fills the wave: unsplit; a short cache is cut into splits of at least a tile.
+    assert policy.splits(128, 8, 4096, resident, position, cost) == 1
+    assert policy.splits(1, 8, 1024, resident, position, cost) == 1024 // policy.BLOCK_N
+    assert policy.splits(1, 8, 100, resident, position, cost) == 1
+    # 64 rows of 256 columns carry 160 KiB of their own a split, still less than a block's share
+    # of a 4k cache: one sequence fills the wave of 264 such blocks, 7 sequences fill it too.
+    heavy, heavy_resident = policy.split_bytes(64, 8, 256, 8, 2), H200[0] * 2
+    assert heavy == (64 * 256 * 2 + 64 * 257 * 4, 64 * 257 * 4)
+    assert policy.splits(1, 8, 4097, heavy_resident, 1024, heavy) == 33
+    assert policy.splits(7, 8, 4097, heavy_resident, 1024, heavy) == heavy_resident // 56
+    assert policy.splits(32, 8, 4097, heavy_resident, 1024, heavy) == 1
     for batch in (1, 3, 7, 32, 64, 256):
         for capacity in (1, 1000, 4096, 131072):
-            count = policy.splits(batch, 8, capacity, resident, shortest)
-            assert count >= 1 and (count == 1 or batch * 8 * count <= resident)
+            count = policy.splits(batch, 8, capacity, resident, position, cost)
+            assert count >= 1 and (count == 1 or batch * 8 * count <= resident and capacity // count >= policy.BLOCK_N)
 
 
 # -- the kernel class on CPU tensors ---------------------------------------------------------------
@@ -114,7 +123,7 @@ def test_a_batch_that_fills_the_gpu_runs_unsplit_and_a_paged_call_passes_its_blo
     assert attend == "attend-whole" and tensors[:5] == (q, pool, pool, seqlens, table)
     assert tensors[5] is o and tensors[6] is lse
     # The split count of a call shape is kept: the same grid whatever the lengths are.
-    assert kernel.splits_for(1, 4096) == policy.splits(1, 8, 4096, 660, 161) == kernel.splits_for(1, 4096)
+    assert kernel.splits_for(1, 4096) == policy.splits(1, 8, 4096, 660, 512, policy.split_bytes(32, 8, 128, 1, 2)) == kernel.splits_for(1, 4096)
 
 
 def test_refusals_leave_float32_and_odd_head_sizes_to_the_plain_torch_implementation():

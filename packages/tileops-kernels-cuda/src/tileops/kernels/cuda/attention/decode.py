@@ -50,9 +50,8 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         block_m = policy.block_rows(call.heads_q, call.heads_kv, call.new_tokens)
         per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, *per_multiprocessor)
         self._resident = sm_count * per_sm
-        self._min_positions = policy.min_split_positions(
-            call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, itemsize
-        )
+        self._position_bytes = 2 * call.head_dim * itemsize  # a key and a value
+        self._split_cost = policy.split_bytes(call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, itemsize)
         self.config = {"block_n": policy.BLOCK_N, "threads": policy.THREADS, "blocks_per_sm": per_sm}
         self._splits: dict[tuple[int, int], int] = {}
         target = compile_target(call.device)
@@ -82,7 +81,7 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         count = self._splits.get(key)
         if count is None:
             count = self._splits[key] = policy.splits(
-                batch, self.call.heads_kv, capacity, self._resident, self._min_positions
+                batch, self.call.heads_kv, capacity, self._resident, self._position_bytes, self._split_cost
             )
         return count
 

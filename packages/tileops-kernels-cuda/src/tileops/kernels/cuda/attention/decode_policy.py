@@ -3,15 +3,21 @@ many splits of the cache a call runs, from the shape and the GPU's facts (pure P
 
 The kernel is bound by reading the caches: its blocks load a tile of keys and values, then
 compute on it, so a streaming multiprocessor keeps the memory system busy by holding several
-blocks at once, each waiting on its loads while another computes. The split count is chosen to
-give the GPU about as many blocks as it holds at once: ``B * Hkv`` blocks serve a call unsplit,
-and each split multiplies them, up to one full wave of the resident blocks (``resident_blocks``),
-never past a wave (a second, partial wave would run at a fraction of the machine). A split must
-read enough of the cache to pay for its fixed cost (loading q, writing a partial result in
-float32 and reading it back in the merge): ``min_split_positions`` keeps that cost under a
-sixteenth of the split's KV bytes. The count depends on the caches' capacity, not on the lengths
-(which are on the device): the same call shape always launches the same grid, as a captured
-CUDA graph needs, and a split past a short sequence's length exits at once.
+blocks at once, each waiting on its loads while another computes. ``B * Hkv`` blocks serve a
+call unsplit; each split of the cache multiplies them, up to one wave of the blocks the GPU holds
+at once (``resident_blocks``; a second, partial wave would run at a fraction of the machine), and
+adds bytes besides its share of the cache (``split_bytes``: q loaded again, a partial o and lse
+written in float32, which the merge kernel reads back). ``splits`` picks the count that
+minimises a bound of the call's time counted in bytes at the GPU's bandwidth: for the attend
+kernel, the larger of its whole bytes and one block's bytes times the blocks of a wave (a
+block's share of the bandwidth while a wave runs), plus the bytes the merge reads. While the
+blocks do not fill a wave, a block's share of the cache outweighs the split's own bytes, so
+few long sequences split until they fill it (64 query rows of 256 columns too: an earlier rule
+that kept a split's own bytes under a sixteenth of its cache bytes left 8 such blocks on 132
+multiprocessors for a 4k cache); a batch that fills the wave alone runs unsplit. The count
+depends on the caches' capacity, not on the lengths (which are on the device): the same call
+shape always launches the same grid, as a captured CUDA graph needs, and a split past a short
+sequence's length exits at once.
 """
 
 from __future__ import annotations
@@ -39,8 +45,6 @@ SHARED_PER_SM = 228 * 1024
 #: row statistics, the loads in flight): an estimate the compiler is then held to (the kernel
 #: declares the blocks per multiprocessor it is launched for).
 BASE_REGISTERS = 48
-#: A split's fixed cost is at most this fraction of the KV bytes it reads.
-SPLIT_OVERHEAD_FRACTION = 1 / 16
 #: The most query rows a block serves (G * S: the GQA group times the new tokens): 64 keeps a
 #: thread's accumulators at D = 256 within its registers, and covers GQA groups of 8 with the 8
 #: tokens a speculative step proposes; longer calls are prefill's.
@@ -92,20 +96,28 @@ def blocks_per_sm(
     return max(1, min(by_shared, threads_per_sm // threads, by_registers))
 
 
-def min_split_positions(heads_q: int, heads_kv: int, head_dim: int, new_tokens: int, itemsize: int) -> int:
-    """The fewest cache positions a split reads: its fixed bytes (q loaded; o and lse written in
-    float32 and read back by the merge) at most ``SPLIT_OVERHEAD_FRACTION`` of its KV bytes."""
+def split_bytes(heads_q: int, heads_kv: int, head_dim: int, new_tokens: int, itemsize: int) -> tuple[int, int]:
+    """What one split adds besides its share of the caches: (bytes its block moves: the G * S query
+    rows loaded, their partial o and lse written in float32; bytes the merge reads back: those
+    partials)."""
     rows = heads_q // heads_kv * new_tokens
-    fixed = rows * head_dim * itemsize + 2 * rows * (head_dim + 1) * 4
-    per_position = 2 * head_dim * itemsize
-    return max(BLOCK_N, math.ceil(fixed / SPLIT_OVERHEAD_FRACTION / per_position))
+    partial = rows * (head_dim + 1) * 4
+    return rows * head_dim * itemsize + partial, partial
 
 
-def splits(batch: int, heads_kv: int, capacity: int, resident: int, min_positions: int) -> int:
-    """The split count of a call: up to a full wave of ``resident`` blocks, each split reading at
-    least ``min_positions`` of the ``capacity`` positions; 1 (unsplit) when ``batch * heads_kv``
-    blocks already fill the wave or the cache is too short to share."""
+def splits(batch: int, heads_kv: int, capacity: int, resident: int, position_bytes: int, split_cost: tuple[int, int]) -> int:
+    """The split count of a call over caches of ``capacity`` positions of ``position_bytes`` (a
+    key and a value) per kv head, ``split_cost`` as ``split_bytes`` gives it: of the counts up to
+    one wave of ``resident`` blocks that leave each split at least a tile of positions, the one
+    that minimises the time bound of the module's docstring (the smallest where several tie)."""
+    attend_fixed, merged = split_cost
     base = max(batch * heads_kv, 1)
-    by_wave = resident // base
-    by_length = capacity // min_positions
-    return max(1, min(by_wave, by_length))
+    cache = capacity * position_bytes
+    most = max(1, min(resident // base, capacity // BLOCK_N))
+    best, best_bytes = 1, math.inf
+    for count in range(1, most + 1):
+        attend = max(base * (cache + count * attend_fixed), resident * (cache / count + attend_fixed))
+        merge = base * count * merged if count > 1 else 0
+        if attend + merge < best_bytes:
+            best, best_bytes = count, attend + merge
+    return best
