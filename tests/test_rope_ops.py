@@ -338,6 +338,30 @@ def test_compiled_inference_needs_no_graph_break():
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_in_place_op_compiles_and_rotates_the_callers_tensors(backend):
+    # A custom op cannot return its inputs: it declares q and k written and returns placeholders,
+    # and the traced call returns the caller's q and k (slices of a fused qkv tensor here).
+    torch._dynamo.reset()
+    op = RotaryEmbeddingInplaceFwdOp(32)
+    qkv = torch.randn(2, 3, (4 + 2 * 2) * 64)
+    q, k = qkv[..., : 4 * 64].view(2, 3, 4, 64), qkv[..., 4 * 64 : 6 * 64].contiguous().view(2, 3, 2, 64)
+    cos, sin = llama_caches(8, 32)
+    position_ids = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    want_q, want_k = RotaryEmbeddingFwdOp(32)(q, k, cos, sin, position_ids)
+
+    def rotate_then_use(q, k):
+        q_out, k_out = op(q, k, cos, sin, position_ids)
+        return q_out is q and k_out is k, q_out * 2, k_out.sum(-1)
+
+    returned_inputs, doubled, summed = torch.compile(rotate_then_use, backend=backend, fullgraph=True)(q, k)
+    assert returned_inputs
+    torch.testing.assert_close(q, want_q)
+    torch.testing.assert_close(k, want_k)
+    torch.testing.assert_close(doubled, want_q * 2)
+    torch.testing.assert_close(summed, want_k.sum(-1))
+
+
 # -- bad calls ------------------------------------------------------------------------------------
 
 def test_bad_calls_name_the_op_and_the_argument():

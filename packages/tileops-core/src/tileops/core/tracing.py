@@ -95,8 +95,6 @@ def define_custom_op(op_class: type[Op]) -> None:
         if "_custom_op" in op_class.__dict__:
             return
         entry = op_class.manifest_entry()
-        if any(t.aliases for t in entry.outputs):
-            return  # an output aliasing an input cannot be a custom op's result: not traceable yet
         written = [t.name for t in entry.inputs if t.written]
         out_keywords = [t.out for t in entry.outputs if t.out]
         if out_keywords:
@@ -110,21 +108,27 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
     entry = op_class.manifest_entry()
     name = op_class.__name__
     n_inputs = len(entry.inputs)
+    input_names = [t.name for t in entry.inputs]
     exec_names = [a.name for a in entry.exec_args]
     single = len(entry.outputs) == 1
 
     def split(arguments: tuple):
         return _split(arguments, n_inputs, out_keywords, exec_names)
 
+    aliased = {i: input_names.index(t.aliases) for i, t in enumerate(entry.outputs) if t.aliases}
+
     def implementation(*arguments):
         inputs, given, key = split(arguments)
         result = _instance(key, name)(*inputs, **given)
         results = (result,) if single else result
-        # A custom op's result may alias none of its arguments: a filled buffer is returned by
-        # the traced call itself, an input (or a view of one) returned becomes a copy.
+        # A custom op's result may alias none of its arguments: a filled buffer and an input the
+        # op writes and returns are returned by the traced call itself; any other input (or a
+        # view of one) returned becomes a copy.
         results = tuple(
-            _placeholder(given[t.out]) if t.out in given else (r.clone() if _is_input(r, inputs) else r)
-            for t, r in zip(entry.outputs, results)
+            _placeholder(given[t.out]) if t.out in given
+            else _placeholder(inputs[aliased[i]]) if i in aliased
+            else (r.clone() if _is_input(r, inputs) else r)
+            for i, (t, r) in enumerate(zip(entry.outputs, results))
         )
         return results[0] if single else results
 
@@ -141,8 +145,10 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
             outputs = _placeholders(entry, inputs)
         else:
             outputs = tuple(
-                _placeholder(given[t.out]) if t.out in given else torch.empty(shape, dtype=dtype, device=call.device)
-                for t, shape, dtype in zip(entry.outputs, call.output_shapes, call.output_dtypes)
+                _placeholder(given[t.out]) if t.out in given
+                else _placeholder(inputs[aliased[i]]) if i in aliased
+                else torch.empty(shape, dtype=dtype, device=call.device)
+                for i, (t, shape, dtype) in enumerate(zip(entry.outputs, call.output_shapes, call.output_dtypes))
             )
         return outputs[0] if single else outputs
 
@@ -305,12 +311,7 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
         if value is not None and not isinstance(value, torch.Tensor):
             what = "output buffer" if name in outs else "argument"
             raise OpArgumentError(f"{type(op).__name__}: {what} {name!r} expected a torch.Tensor, got {type(value).__name__}")
-    custom = type(op).__dict__.get("_custom_op")
-    if custom is None:
-        raise OpArgumentError(
-            f"{type(op).__name__}: an output aliases a written input, which a torch.library custom op "
-            "cannot return; this op cannot be traced by torch.compile yet (call it outside the compiled region)"
-        )
+    custom = type(op).__dict__["_custom_op"]
     execution = [given.get(name) for name in exec_args]
     buffers = [outs.get(keyword) for keyword in signature.out_keywords]
     wiring = op.differentiation
@@ -322,10 +323,15 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
         n_outputs = len(signature.entry.outputs)
         return results[0] if n_outputs == 1 else tuple(results[:n_outputs])
     if all(buffer is None for buffer in buffers):
-        return custom(*inputs, *execution, op.trace_key)
-    result = type(op).__dict__["_custom_op_with_buffers"](*inputs, *buffers, *execution, op.trace_key)
+        result = custom(*inputs, *execution, op.trace_key)
+    else:
+        result = type(op).__dict__["_custom_op_with_buffers"](*inputs, *buffers, *execution, op.trace_key)
     results = [result] if len(signature.entry.outputs) == 1 else list(result)
+    # The outputs the custom op returns as placeholders: the caller's buffers, the inputs it wrote.
     for keyword, index in signature.out_keywords.items():
         if outs.get(keyword) is not None:
             results[index] = outs[keyword]
+    for index, decl in enumerate(signature.entry.outputs):
+        if decl.aliases:
+            results[index] = inputs[names.index(decl.aliases)]
     return results[0] if len(results) == 1 else tuple(results)
