@@ -103,9 +103,11 @@ class TorchCpuRMSNorm(_TorchNorm, RMSNormFwdInterface):
 
 class TorchCpuLayerNorm(_TorchNorm, LayerNormFwdInterface):
     def forward(self, x, weight, bias):
+        # torch.layer_norm is what F.layer_norm calls after its own Python checks, which cost
+        # 0.8 us of its 4.6 us on a (2, 64) CPU input; the signature has checked the arguments.
         if x.dtype in _WIDE:  # weight and bias have x's dtype (the signature checked it)
-            return F.layer_norm(x, self.shape, weight, bias, self.eps)
-        return _narrow(F.layer_norm(_wide(x), self.shape, _wide(weight), _wide(bias), self.eps), x.dtype)
+            return torch.layer_norm(x, self.shape, weight, bias, self.eps)
+        return _narrow(torch.layer_norm(_wide(x), self.shape, _wide(weight), _wide(bias), self.eps), x.dtype)
 
     def forward_saving(self, x, weight, bias):
         return self._layer(x, weight, bias)
