@@ -572,6 +572,19 @@ def test_demo_model_part_says_it_is_skipped_without_transformers_and_leaves_with
     assert code == 0 and "model" not in report and len(report["calls"]) == len(ALL_OPS)
 
 
+def test_demo_model_part_that_fails_is_reported_and_exits_1(capsys, monkeypatch):
+    from tileops.integrations.transformers import side_by_side
+
+    def broken(device, dtype):
+        raise AttributeError("module 'transformers' has no attribute 'LlamaConfig'")
+
+    monkeypatch.setattr(side_by_side, "compare", broken)
+    code, out = run_cli(capsys, "demo", "--device", "cpu")
+    assert code == 1
+    assert "  failed: AttributeError: module 'transformers' has no attribute 'LlamaConfig'" in out
+    assert out.count("served by torch_cpu") == len(ALL_OPS)  # the ops ran and were reported first
+
+
 def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsys):
     code, out = run_cli(capsys, "demo", "LayerNormFwdOp", "--device", "cpu", "--shape", "3x2x64",
                         "--param", "normalized_shape=2x64", "--omit", "bias")

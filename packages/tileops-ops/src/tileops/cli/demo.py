@@ -21,6 +21,7 @@ from tileops.testing import reference_outputs, smallest_workload, workload_input
 from . import call_flags
 from .call_flags import CallFlags
 from .output import UsageError, device_argument, print_json, shape_argument, version
+from .peers import describe
 from .provenance import distribution_of
 
 
@@ -33,7 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         ),
         epilog=(
             "Exit status: 0 when every call ran and matched its reference within the manifest's tolerance, "
-            "1 when a result did not (or the patched model's were not finite), 2 for a bad command line "
+            "1 when a result did not (or the model part failed or gave results that are not finite), 2 for a bad command line "
             "(such as a device this machine lacks)."
         ),
     )
@@ -218,8 +219,11 @@ def run(args: argparse.Namespace) -> int:
     if not (args.ops or args.shape or args.no_model):
         from tileops.integrations.transformers import side_by_side
 
-        report["model"] = side_by_side.compare(device, dtype)
-        model_failed = not report["model"].get("finite", True)
+        try:
+            report["model"] = side_by_side.compare(device, dtype)
+        except Exception as error:  # noqa: BLE001 - any failure of the model part is reported, not raised
+            report["model"] = {"failed": describe(error)}
+        model_failed = "failed" in report["model"] or not report["model"].get("finite", True)
         if not args.json:
             print("\n" + side_by_side.describe(report["model"], device, dtype))
     if args.json:

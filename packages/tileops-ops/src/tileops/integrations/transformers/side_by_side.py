@@ -84,10 +84,12 @@ def compare(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
 
 
 def describe(result: dict[str, Any], device: torch.device, dtype: torch.dtype) -> str:
-    """``compare``'s result as the lines ``tileops demo`` prints."""
+    """``compare``'s result as the lines ``tileops demo`` prints (also ``{"failed": why}``, which
+    the demo records where ``compare`` raised)."""
     lines = ["model (a transformers model, patched by tileops.integrations.transformers.apply):"]
-    if "skipped" in result:
-        return "\n".join([*lines, f"  skipped: {result['skipped']}"])
+    if "skipped" in result or "failed" in result:
+        verdict = "skipped" if "skipped" in result else "failed"
+        return "\n".join([*lines, f"  {verdict}: {result[verdict]}"])
     batch, tokens = result["tokens"]
     lines.append(f"  {result['model']}; {batch} x {tokens} tokens, {str(dtype).removeprefix('torch.')} on {device}")
     lines += ["  " + line for line in result["report"].splitlines()]
