@@ -476,3 +476,16 @@ def test_the_end_to_end_benchmark_runs_its_quick_form():
     rows = [line for line in text.splitlines() if line.startswith("| eager |") or line.startswith("| tileops |")]
     assert len(rows) == 2 and "13 parts replaced, 1 left" in rows[1]
     assert all(float(cell) > 0 for row in rows for cell in row.split("|")[2:6] if cell.strip() != "nan")
+
+    # A variant that fails is its row's failure; the others are still measured.
+    measure = bench.measure
+
+    def out_of_memory_in_eager(variant, *args):
+        if variant == "eager":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return measure(variant, *args)
+
+    bench.measure = out_of_memory_in_eager
+    text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu"])
+    assert "| eager | | | | | not run: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB |" in text
+    assert any(line.startswith("| tileops | ") and "13 parts replaced" in line for line in text.splitlines())

@@ -24,6 +24,7 @@ Each variant builds its own model from the same seed.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -163,12 +164,18 @@ def main(argv: list[str] | None = None) -> str:
     config = transformers.LlamaConfig(**(QUICK if args.quick else FULL))
     rows = []
     for variant in variants:
+        # One variant's failure (Liger-Kernel not installed, a compile error, out of memory) is
+        # its row's; the others still run. Each row is printed as it is measured, so that a run
+        # stopped part way keeps what it measured.
         try:
             rows.append(measure(variant, config, args, device))
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # the variant's model and optimizer state are gone
-        except ImportError as error:  # Liger-Kernel not installed
-            rows.append({"variant": variant, "error": f"{type(error).__name__}: {error}"})
+        except Exception as error:  # noqa: BLE001 - reported in the table
+            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            rows.append({"variant": variant, "error": f"{type(error).__name__}: {message}"[:300]})
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+        gc.collect()  # the variant's model and optimizer state are gone
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     text = (f"Llama {'(quick) ' if args.quick else ''}on {device.type}, {args.dtype}, batch {args.batch} x seq {args.seq}; "
             f"decode {args.new_tokens} tokens after {args.prompt}\n\n" + table(rows))
     print(text)
