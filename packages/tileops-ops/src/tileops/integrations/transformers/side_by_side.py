@@ -1,7 +1,8 @@
 """A small Llama-architecture transformers model (random weights, nothing downloaded) as
 transformers builds it and as ``apply`` patches it, side by side: what the patch replaced and
-left, the time of a forward and of a training step on each side, and how far their results are
-apart. ``tileops demo`` ends with it.
+left, the time of a forward and of a training step on each side (``tileops.core.timing``'s
+host-inclusive method: the best of a few loops, the sides taking turns), and how far their
+results are apart. ``tileops demo`` ends with it.
 
 transformers is optional: where it is not installed, ``compare`` says so instead.
 """
@@ -9,12 +10,13 @@ transformers is optional: where it is not installed, ``compare`` says so instead
 from __future__ import annotations
 
 import copy
+import functools
 import math
-import statistics
-import time
 from typing import Any
 
 import torch
+
+from tileops.core.timing import best_call_times_us
 
 #: A Llama small enough for a CPU: every kind of part the patch replaces (RMSNorm, gated MLP,
 #: rotary q/k, GQA attention, the causal LM loss) at a size that runs in milliseconds.
@@ -45,27 +47,21 @@ def compare(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     patched = copy.deepcopy(plain)
     report = apply(patched)
     ids = torch.randint(0, SMALL_LLAMA["vocab_size"], (BATCH, TOKENS), generator=torch.Generator().manual_seed(1)).to(device)
-    sides = {}
+    models = {"transformers": plain, "tileops": patched}
     logits = {}
-    for side, model in (("transformers", plain), ("tileops", patched)):
+    for side, model in models.items():
         model.eval()
         with torch.no_grad():
             logits[side] = model(ids).logits.float()
-
-        def forward(model=model) -> None:
-            with torch.no_grad():
-                model(ids)
-
-        def training_step(model=model) -> float:
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            model.zero_grad(set_to_none=True)
-            return float(loss.detach())
-
-        forward_ms = _median_ms(forward, device)
+    forward_us = _times_us([functools.partial(_forward, model, ids) for model in models.values()], device)
+    for model in models.values():
         model.train()
-        loss = training_step()
-        sides[side] = {"forward_ms": forward_ms, "training_step_ms": _median_ms(training_step, device), "loss": loss}
+    losses = {side: _training_step(model, ids) for side, model in models.items()}
+    step_us = _times_us([functools.partial(_training_step, model, ids) for model in models.values()], device)
+    sides = {
+        side: {"forward_ms": forward / 1e3, "training_step_ms": step / 1e3, "loss": losses[side]}
+        for side, forward, step in zip(models, forward_us, step_us)
+    }
     difference = float((logits["tileops"] - logits["transformers"]).abs().max())
     largest = float(logits["transformers"].abs().max())
     return {
@@ -103,15 +99,21 @@ def describe(result: dict[str, Any], device: torch.device, dtype: torch.dtype) -
     return "\n".join(lines)
 
 
-def _median_ms(function, device: torch.device) -> float:
-    function()  # warm-up: kernel builds
-    times = []
-    for _ in range(REPEATS):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        function()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def _forward(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    with torch.no_grad():
+        model(ids)
+
+
+def _training_step(model: torch.nn.Module, ids: torch.Tensor) -> float:
+    """A forward with labels and its backward; the loss."""
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def _times_us(functions: list, device: torch.device) -> list[float]:
+    """Each function's time, as ``tileops bench`` times calls: the best of ``REPEATS`` loops after
+    a warm-up (kernel builds), the sides taking turns, the device synchronised after each."""
+    synchronize = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else None
+    return best_call_times_us(functions, calls=1, loops=REPEATS, synchronize=synchronize)
