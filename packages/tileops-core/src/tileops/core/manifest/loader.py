@@ -4,9 +4,9 @@ Each top-level key of a file is an op's class name; its value is the op's entry.
 fields, undefined names, contradictory declarations and bad values are ``ManifestError``s
 naming the file, the op and the field, quoting what they found cut short (``quoting``);
 no other exception escapes, whatever the file holds. The YAML is read as plain data
-(``plain_yaml``) into the data model of ``entries``. Constraints are evaluated on every workload's params when the file is loaded, so a
-constraint that cannot be evaluated (comparing a shape with an int) is the loader's error,
-not the constructor's. The schema is documented in docs/manifest.md.
+(``plain_yaml``) into the data model of ``entries``. Constraints are evaluated on every
+workload's params when the file is loaded, so a constraint that cannot be evaluated (comparing
+a shape with an int) is the loader's error, not the constructor's. The schema is documented in docs/manifest.md.
 """
 
 from __future__ import annotations

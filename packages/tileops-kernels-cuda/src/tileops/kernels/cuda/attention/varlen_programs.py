@@ -240,9 +240,10 @@ def make_bwd_main(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, 
                 # The rows' lse2 and delta are read from global memory, not staged by TMA as in
                 # the dense backward: here a tile starts at any packed row, so the box would start
                 # anywhere in the innermost dimension and the workspaces' rows would have to be
-                # 16-byte multiples (TileLang refused the descriptor for 305 rows on the H200, and
-                # packed batches of 16k tokens stopped the TMA version with an illegal instruction).
-                # 64 floats a step, read through L1, beside two 64 x 128 products.
+                # 16-byte multiples (on the H200 TileLang refused that descriptor for a total of
+                # 305 rows, and the TMA version stopped with an illegal instruction on 16k-token
+                # packed batches; this version has not run on a GPU yet). 64 floats a step, read
+                # through L1, beside two 64 x 128 products.
                 for i, j in T.Parallel(block_n, block_m):
                     seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
                     p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - LSE2[head, q_start + q0 + j]), 0)
