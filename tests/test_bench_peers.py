@@ -307,3 +307,38 @@ def test_a_training_row_times_every_side_and_counts_forward_and_backward_bytes(c
     full, alone = bench_training.bench_training(LayerNormFwdOp, workload, torch.float32, with_compile=False, others=liger)
     assert full.ours_error is None and alone.ours_error is None
     assert full.peers == alone.peers == {"Liger": "refused: has no such op"}
+
+
+def test_a_training_row_of_the_linear_cross_entropy_derives_the_saved_gradients_from_the_derived_targets(cpu_training):
+    # The backward's saved gradients are derived from target_ids, itself derived: the backward
+    # alone must run on the same targets the forward saw, not on a missing tensor.
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    bench_training, _ = cpu_training
+    workload = LinearCrossEntropyFwdOp.manifest_entry().workloads[0]
+    full, alone = bench_training.bench_training(LinearCrossEntropyFwdOp, workload, torch.float32, with_compile=False)
+    assert full.ours_error is None and alone.ours_error is None, (full.ours_error, alone.ours_error)
+    assert full.ours_us == alone.ours_us == 1.0
+    assert alone.bytes > 0
+
+
+def test_a_peer_that_cannot_be_captured_is_timed_by_eager_loops_and_its_cell_says_so(monkeypatch):
+    # Liger-Kernel's cross-entropy reads the target count back to the host inside each call, which
+    # a CUDA-graph capture refuses: the table gives its per-call time from eager loops, marked.
+    from tileops.cli import bench
+    from tileops.cli.peers import LOOP_NOTE, LoopTime
+
+    def no_capture(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(bench, "gpu_time_us", no_capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = []
+    cells = time_cells({"Liger": lambda: calls.append(1)}, bench.peer_time_us)
+    assert isinstance(cells["Liger"], LoopTime) and cells["Liger"] > 0
+    assert len(calls) > bench.CALLS  # the refusal check, then the loops
+    row = Row(op="CrossEntropyFwdOp", workload="w", dtype="bfloat16", shape="4x8", served_by="", ours_us=2.0,
+              eager_us=None, compile_us=None, bytes=0, peers=cells)
+    text = table([row], 4.0, "method")
+    assert f"{cells['Liger']:.2f}*" in text and LOOP_NOTE in text
+    assert f"{cells['Liger'] / 2.0:.2f}" in text  # the ratio is still given

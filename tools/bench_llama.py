@@ -59,7 +59,9 @@ def build(variant: str, config, dtype: torch.dtype, device: torch.device) -> tup
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    # Built on the device: initialising a billion parameters on the host takes minutes.
+    with device:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     note = "unpatched"
     if variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama

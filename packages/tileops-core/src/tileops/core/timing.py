@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +27,13 @@ def gpu_time_us(fn: Callable[[], Any], *, calls: int = 40, replays: int = 15, wa
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except Exception:
+        _end_failed_capture()
+        raise
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
@@ -39,6 +44,20 @@ def gpu_time_us(fn: Callable[[], Any], *, calls: int = 40, replays: int = 15, wa
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / calls)
     return statistics.median(times)
+
+
+def _end_failed_capture() -> None:
+    """Leave the process able to draw random numbers after a capture that raised.
+
+    A capture that ``fn`` invalidated (a host synchronisation, say) ends with an error before
+    torch takes the CUDA generator out of its capture mode, and every later ``torch.randn`` on
+    the device then fails with "Offset increment outside graph capture". An empty capture that
+    succeeds ends that mode.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
 
 
 def best_call_times_us(

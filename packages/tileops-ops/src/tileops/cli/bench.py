@@ -48,7 +48,7 @@ from . import call_flags
 from .call_flags import CallFlags
 from .output import UsageError, installed_version, shape_argument, without_markup
 from .bench_report import Row, _chart, geometric_means, machine_line, peak_memory, summary, table
-from .peers import Peers, time_cells
+from .peers import LoopTime, Peers, time_cells
 
 CALLS = 40
 REPLAYS = 15
@@ -61,6 +61,15 @@ NO_CUDA = "tileops bench needs a CUDA device: the benchmarks time GPU kernels by
 def gpu_time_us(fn: Callable[[], Any]) -> float:
     """Median GPU time of one call of ``fn``, by CUDA-graph replay (see the module docstring)."""
     return graph_replay_time_us(fn, calls=CALLS, replays=REPLAYS)
+
+
+def peer_time_us(fn: Callable[[], Any]) -> float:
+    """A peer's GPU time by CUDA-graph replay; for a peer that cannot be captured, the
+    host-inclusive time of a call in loops of eager calls, as a ``LoopTime``."""
+    try:
+        return gpu_time_us(fn)
+    except Exception:  # noqa: BLE001 - any capture failure; a call that cannot run at all raises below
+        return LoopTime(best_call_times_us([fn], calls=CALLS, loops=REPLAYS, synchronize=torch.cuda.synchronize)[0])
 
 
 def call_times_us(fns: list[Callable[[], Any]]) -> list[float]:
@@ -150,7 +159,7 @@ def bench_workload(
     )
     if others is not None:
         with torch.no_grad():
-            row.peers = time_cells(others.prepare(op_class.__name__, inputs, op.params), gpu_time_us)
+            row.peers = time_cells(others.prepare(op_class.__name__, inputs, op.params), peer_time_us)
     if row.bytes <= SMALL_SHAPE_BYTES:
         if baseline is None:
             (row.ours_call_us,) = call_times_us([ours_call])
@@ -264,15 +273,21 @@ def run(args) -> int:
     copy_tb_s = copy_bandwidth_tb_s()
     others = Peers()
     rows = []
-    for index, (op_class, workload, dtype) in enumerate(cases, 1):
-        print(f"\r[{index}/{len(cases)}] {op_class.__name__} {workload.name} ...".ljust(70), end="", file=sys.stderr, flush=True)
-        options = {"with_compile": not args.no_compile, "tune": args.tune, "others": others}
-        if args.backward:
-            from .bench_training import bench_training
+    try:
+        for index, (op_class, workload, dtype) in enumerate(cases, 1):
+            print(f"\r[{index}/{len(cases)}] {op_class.__name__} {workload.name} ...".ljust(70), end="", file=sys.stderr, flush=True)
+            options = {"with_compile": not args.no_compile, "tune": args.tune, "others": others}
+            if args.backward:
+                from .bench_training import bench_training
 
-            rows += bench_training(op_class, workload, dtype, **options)
-        else:
-            rows.append(bench_workload(op_class, workload, dtype, **options))
+                rows += bench_training(op_class, workload, dtype, **options)
+            else:
+                rows.append(bench_workload(op_class, workload, dtype, **options))
+    except KeyboardInterrupt:
+        # A long run stopped by hand (or by a time limit's SIGINT) still reports what it measured.
+        print(f"\ninterrupted: {len(rows)} rows of {len(cases)} workloads measured", file=sys.stderr)
+        if not rows:
+            return 130
     print(file=sys.stderr)
     modes = {r.mode: [s for s in rows if s.mode == r.mode] for r in rows}
     means = {mode: geometric_means(of_mode) for mode, of_mode in modes.items()}

@@ -14,7 +14,7 @@ import statistics
 import sys
 from typing import Any
 
-from .peers import ABSENT, Cell, cell_text, ratio
+from .peers import ABSENT, LOOP_NOTE, Cell, LoopTime, cell_text, ratio
 
 
 @dataclasses.dataclass
@@ -109,6 +109,8 @@ def table(rows: list[Row], copy_tb_s: float, method: str, *, calls: bool = True)
             cell = r.peers.get(column)
             if isinstance(cell, str) and len(cell) > PEER_CELL_WIDTH:
                 cut.append(f"{where}: {column}: {cell}")
+    if any(isinstance(cell, LoopTime) for r in rows for cell in r.peers.values()):
+        cut.append(LOOP_NOTE)
     return "\n".join(lines + cut)
 
 

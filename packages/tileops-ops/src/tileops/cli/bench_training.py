@@ -228,7 +228,7 @@ def bench_training(
     if others is not None:
         prepared = others.prepare(op_class.__name__, inputs, params)
         steps = {c: training_step(p, leaves, grads) if callable(p) else p for c, p in prepared.items()}
-        full.peers = time_cells(steps, bench.gpu_time_us)
+        full.peers = time_cells(steps, bench.peer_time_us)
         for column, step in steps.items():
             if callable(step) and isinstance(full.peers[column], float):
                 full.peak_mib[column] = peak_mib(step)
@@ -242,5 +242,5 @@ def bench_training(
             except Exception as error:  # noqa: BLE001 - shown in the table
                 alone.peers[column] = "failed: " + describe(error)
                 continue
-            alone.peers.update(time_cells({column: backward_call}, bench.gpu_time_us))
+            alone.peers.update(time_cells({column: backward_call}, bench.peer_time_us))
     return full, alone

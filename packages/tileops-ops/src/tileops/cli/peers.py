@@ -28,8 +28,23 @@ REFUSED = "refused: "
 FAILED = "failed: "
 INSTALL = "pip install 'tileops-ops[bench]'"
 
-#: A peer's cell: its GPU time in µs, a text saying why there is none, or None (no such peer).
+
+
+class LoopTime(float):
+    """A peer's time in µs measured by loops of eager calls, host included, because the peer
+    cannot be captured in a CUDA graph (it synchronises with the host, as Liger-Kernel's
+    cross-entropy does to count the targets): the cost a user of it pays per call. The table
+    marks it with ``*``."""
+
+
+#: A peer's cell: its GPU time in µs (a ``LoopTime`` where it could not be captured), a text
+#: saying why there is none, or None (no such peer).
 Cell = float | str | None
+LOOP_MARK = "*"
+LOOP_NOTE = (
+    f"{LOOP_MARK} timed by loops of eager calls, host included: the peer cannot be captured in a CUDA graph"
+    " (it waits for the GPU inside a call)"
+)
 
 
 def describe(error: BaseException, limit: int = 200) -> str:
@@ -148,5 +163,5 @@ def cell_text(cell: Cell, width: int) -> str:
     if cell is None:
         return "-"
     if isinstance(cell, float):
-        return f"{cell:.2f}"
+        return f"{cell:.2f}" + (LOOP_MARK if isinstance(cell, LoopTime) else "")
     return cell if len(cell) <= width else cell[: width - 1] + "…"

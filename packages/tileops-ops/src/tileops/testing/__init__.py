@@ -86,8 +86,8 @@ def workload_inputs(
         namespace: dict[str, Any] = {decl.name: None for decl in entry.inputs}
         namespace.update({p.name: p.default for p in entry.params if not p.required}, **workload.params)
         namespace.update(inputs, torch=torch, F=F)
-        for decl in derived:
-            inputs[decl.name] = evaluate(decl.derive_code, namespace)
+        for decl in derived:  # in declaration order: a derive may use the ones before it
+            inputs[decl.name] = namespace[decl.name] = evaluate(decl.derive_code, namespace)
     return {decl.name: inputs[decl.name] for decl in entry.inputs if decl.name in inputs}
 
 
