@@ -334,7 +334,7 @@ def test_a_peer_that_cannot_be_captured_is_timed_by_eager_loops_and_its_cell_say
     monkeypatch.setattr(bench, "gpu_time_us", no_capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     calls = []
-    cells = time_cells({"Liger": lambda: calls.append(1)}, bench.peer_time_us)
+    cells = time_cells({"Liger": lambda: calls.append(1), "SDPA flash": None}, bench.peer_time_us)
     assert isinstance(cells["Liger"], LoopTime) and cells["Liger"] > 0
     assert len(calls) > bench.CALLS  # the refusal check, then the loops
     row = Row(op="CrossEntropyFwdOp", workload="w", dtype="bfloat16", shape="4x8", served_by="", ours_us=2.0,
@@ -342,3 +342,5 @@ def test_a_peer_that_cannot_be_captured_is_timed_by_eager_loops_and_its_cell_say
     text = table([row], 4.0, "method")
     assert f"{cells['Liger']:.2f}*" in text and LOOP_NOTE in text
     assert f"{cells['Liger'] / 2.0:.2f}" in text  # the ratio is still given
+    # A peer of other families' ops only (None in every row) gets no column of dashes.
+    assert "SDPA flash" not in text and "SDPA flash" not in summary(geometric_means([row]))

@@ -64,9 +64,11 @@ PEER_CELL_WIDTH = 36
 
 
 def peer_columns(rows: list[Row]) -> list[str]:
+    """The peer columns that have a cell in some row: a peer of other ops (every family's peers
+    are prepared for every op, a None where an op has no such peer) would be a column of dashes."""
     columns: list[str] = []
     for r in rows:
-        columns += [column for column in r.peers if column not in columns]
+        columns += [column for column, cell in r.peers.items() if cell is not None and column not in columns]
     return columns
 
 
