@@ -31,11 +31,20 @@ def test_every_kind_has_a_kernel_and_every_interface_one_general_key():
         assert list(table) == ["tilelang"] and table["tilelang"].general
 
 
+def test_the_main_build_keeps_four_16_byte_loads_in_flight_per_thread_whatever_the_kind_reads():
+    for kind, inputs in programs.INPUTS.items():
+        config = policy.launch_config(kind, torch.bfloat16, True)
+        assert config["vec"] * torch.bfloat16.itemsize == 16
+        assert config["per_thread"] * inputs in (3, 4), (kind, config)
+        candidates = policy.tuning_candidates(kind, torch.bfloat16, True)
+        assert candidates[0] == config and len({tuple(c.items()) for c in candidates}) == len(candidates)
+
+
 def test_the_access_is_16_bytes_where_aligned_and_one_element_otherwise():
     assert [programs.vector_width(dtype, True) for dtype in policy.DTYPES] == [8, 8, 4]
     assert {programs.vector_width(dtype, False) for dtype in policy.DTYPES} == {1}
     assert policy.refusal(torch.float64) and policy.refusal(torch.bfloat16) is None
-    assert policy.small_call_elements(policy.launch_config(torch.bfloat16, True), 132) == 132 * 4 * 128 * 8
+    assert policy.small_call_elements(policy.launch_config("act", torch.bfloat16, True), 132) == 132 * 4 * 128 * 8
 
 
 def test_the_ops_call_a_call_aligned_only_when_every_access_can_be_16_bytes():
@@ -102,7 +111,7 @@ def test_large_calls_take_the_main_build_and_unaligned_kernels_the_scalar_progra
     bound = policy.small_call_elements(kernel.default_config(), 132)
     tensors = [torch.zeros(bound + 1, dtype=torch.float16) for _ in range(3)]
     kernel.forward(*tensors)
-    assert launches[-1][0] == {"vec": 1, **policy.MAIN}
+    assert launches[-1][0] == {"vec": 1, "threads": 256, "per_thread": 1}  # three inputs: one access each
     kernel.forward(*(t[:bound] for t in tensors))
     assert launches[-1][0] == {"vec": 1, **policy.SMALL}
 
@@ -141,19 +150,19 @@ from tileops.kernels.cuda.activation import policy, programs
 target = {"kind": "cuda", "arch": "sm_90"}
 # One build per kind: each activation, each dtype, vector and scalar accesses, both launch shapes.
 for kind, activation, dtype, aligned, d, config in [
-    ("act", "silu", torch.bfloat16, True, 0, policy.MAIN),
+    ("act", "silu", torch.bfloat16, True, 0, policy.launch_config("act", torch.bfloat16, True)),
     ("act_bwd", "gelu", torch.float16, True, 0, policy.SMALL),
-    ("gated", "gelu_tanh", torch.float32, True, 0, policy.MAIN),
-    ("gated_bwd", "silu", torch.bfloat16, False, 0, policy.MAIN),
-    ("packed", "silu", torch.bfloat16, True, 14336, policy.MAIN),
+    ("gated", "gelu_tanh", torch.float32, True, 0, policy.launch_config("gated", torch.float32, True)),
+    ("gated_bwd", "silu", torch.bfloat16, False, 0, policy.launch_config("gated_bwd", torch.bfloat16, False)),
+    ("packed", "silu", torch.bfloat16, True, 14336, policy.launch_config("packed", torch.bfloat16, True)),
     ("packed_bwd", "gelu", torch.float32, False, 1001, policy.SMALL),
 ]:
-    vec = programs.vector_width(dtype, aligned)
-    kernel = programs.compile_program(kind, activation, dtype, target, vec=vec, d=d, **config)
+    config = {"vec": programs.vector_width(dtype, aligned), **config}
+    kernel = programs.compile_program(kind, activation, dtype, target, d=d, **config)
     source = kernel.get_kernel_source()
     body = source[source.index("__launch_bounds__"):]
     accesses = (body.count("(uint4*)") + body.count("(float4*)")) // 2  # each access casts both sides
-    print(kind, vec, accesses, "erff" in body, "tanhf" in body, "expf" in body)
+    print(kind, config["vec"], accesses, "erff" in body, "tanhf" in body, "expf" in body)
 """
 
 

@@ -55,10 +55,10 @@ class _TileLangActivation(TileLangKernel):
         return (self.kind, call.activation, call.dtype, call.aligned, getattr(call, "d", 0))
 
     def default_config(self) -> dict[str, Any]:
-        return policy.launch_config(self.params.dtype, self.params.aligned)
+        return policy.launch_config(self.kind, self.params.dtype, self.params.aligned)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
-        return policy.tuning_candidates(self.params.dtype, self.params.aligned)
+        return policy.tuning_candidates(self.kind, self.params.dtype, self.params.aligned)
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         small = policy.small_config(config)

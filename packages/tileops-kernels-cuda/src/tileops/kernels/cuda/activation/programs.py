@@ -2,7 +2,8 @@
 
 Every program is elementwise. Its index space is cut into chunks of ``threads * per_thread``
 accesses, one block per chunk; in each of a thread's ``per_thread`` steps the block's threads
-take consecutive accesses, so a warp reads consecutive memory. An access is ``vec`` elements:
+take consecutive accesses, so a warp reads consecutive memory; a thread makes all its loads,
+then its arithmetic, then its stores (see ``gather``). An access is ``vec`` elements:
 16 bytes (8 half-precision or 4 float32 elements) for the vector builds, which the launch rule
 gives only to calls whose pointers are 16-byte aligned and whose lengths fill whole accesses;
 1 for the scalar builds, which serve every call. An access loads its elements into registers
@@ -33,6 +34,8 @@ from ..compile import compile_once
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 KINDS = ("act", "act_bwd", "gated", "gated_bwd", "packed", "packed_bwd")
+#: The tensors each kind reads: a thread has per_thread loads of each in flight at once.
+INPUTS = {"act": 1, "act_bwd": 2, "gated": 2, "gated_bwd": 3, "packed": 2, "packed_bwd": 3}
 _ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 _SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
@@ -108,80 +111,107 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
         # 64-bit element indices: a tensor may hold more than 2**31 elements.
         return T.cast(block, "int64")
 
-    if kind == "act":
+    def first_access(bx, step, tx):
+        return (wide_index(bx) * per_thread + step) * threads + tx
+
+    # Every kind moves its data in three phases: all of a thread's loads (per_thread x inputs
+    # 16-byte loads in flight at once, where a load-compute-store per access left one), the
+    # arithmetic on registers, then the stores. A thread's registers hold per_thread accesses of
+    # each tensor; past the end nothing is loaded or stored, and what is computed there is dropped.
+    @T.macro
+    def gather(source, registers, bx, tx, n):
+        for step in T.unroll(per_thread):
+            base = first_access(bx, step, tx) * vec
+            if base < n:
+                for v in lanes(vec):
+                    registers[step * vec + v] = source[base + v]
+
+    @T.macro
+    def scatter(registers, target, bx, tx, n):
+        for step in T.unroll(per_thread):
+            base = first_access(bx, step, tx) * vec
+            if base < n:
+                for v in lanes(vec):
+                    target[base + v] = registers[step * vec + v]
+
+    # The packed kinds address (rows, columns) tensors: access i is row i // dv, columns
+    # (i % dv) * vec + offset onwards (offset d for the up half).
+    dv = d // vec  # accesses per row of each half
+    @T.macro
+    def gather_rows(source, registers, bx, tx, accesses, offset):
+        for step in T.unroll(per_thread):
+            i = first_access(bx, step, tx)
+            if i < accesses:
+                for v in lanes(vec):
+                    registers[step * vec + v] = source[i // dv, offset + (i % dv) * vec + v]
+
+    @T.macro
+    def scatter_rows(registers, target, bx, tx, accesses, offset):
+        for step in T.unroll(per_thread):
+            i = first_access(bx, step, tx)
+            if i < accesses:
+                for v in lanes(vec):
+                    target[i // dv, offset + (i % dv) * vec + v] = registers[step * vec + v]
+
+    held = per_thread * vec  # elements a thread holds of each tensor
+    if kind.startswith("packed"):
+        m = T.dynamic("m", "int64")
+    else:
         n = T.dynamic("n", "int64")
+
+    if kind == "act":
 
         @T.prim_func
         def main(x: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
             with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
                 tx = T.get_thread_binding()
                 T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
-                a = T.alloc_local((vec,), dt)
-                o = T.alloc_local((vec,), dt)
-                for step in T.unroll(per_thread):
-                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
-                    if base < n:
-                        for v in lanes(vec):
-                            a[v] = x[base + v]
-                        for v in T.unroll(vec):
-                            o[v] = narrow(act(wide(a[v])))
-                        for v in lanes(vec):
-                            y[base + v] = o[v]
+                a = T.alloc_local((held,), dt)
+                o = T.alloc_local((held,), dt)
+                gather(x, a, bx, tx, n)
+                for e in T.unroll(held):
+                    o[e] = narrow(act(wide(a[e])))
+                scatter(o, y, bx, tx, n)
 
         return main
 
     if kind == "act_bwd":
-        n = T.dynamic("n", "int64")
 
         @T.prim_func
         def main(dy: T.Tensor((n,), dt), x: T.Tensor((n,), dt), dx: T.Tensor((n,), dt)):
             with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
                 tx = T.get_thread_binding()
                 T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
-                g = T.alloc_local((vec,), dt)
-                a = T.alloc_local((vec,), dt)
-                o = T.alloc_local((vec,), dt)
-                for step in T.unroll(per_thread):
-                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
-                    if base < n:
-                        for v in lanes(vec):
-                            g[v] = dy[base + v]
-                        for v in lanes(vec):
-                            a[v] = x[base + v]
-                        for v in T.unroll(vec):
-                            o[v] = narrow(wide(g[v]) * both(wide(a[v]))[1])
-                        for v in lanes(vec):
-                            dx[base + v] = o[v]
+                g = T.alloc_local((held,), dt)
+                a = T.alloc_local((held,), dt)
+                o = T.alloc_local((held,), dt)
+                gather(dy, g, bx, tx, n)
+                gather(x, a, bx, tx, n)
+                for e in T.unroll(held):
+                    o[e] = narrow(wide(g[e]) * both(wide(a[e]))[1])
+                scatter(o, dx, bx, tx, n)
 
         return main
 
     if kind == "gated":
-        n = T.dynamic("n", "int64")
 
         @T.prim_func
         def main(gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
             with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
                 tx = T.get_thread_binding()
                 T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
-                a = T.alloc_local((vec,), dt)
-                b = T.alloc_local((vec,), dt)
-                o = T.alloc_local((vec,), dt)
-                for step in T.unroll(per_thread):
-                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
-                    if base < n:
-                        for v in lanes(vec):
-                            a[v] = gate[base + v]
-                        for v in lanes(vec):
-                            b[v] = up[base + v]
-                        for v in T.unroll(vec):
-                            o[v] = narrow(act(wide(a[v])) * wide(b[v]))
-                        for v in lanes(vec):
-                            y[base + v] = o[v]
+                a = T.alloc_local((held,), dt)
+                b = T.alloc_local((held,), dt)
+                o = T.alloc_local((held,), dt)
+                gather(gate, a, bx, tx, n)
+                gather(up, b, bx, tx, n)
+                for e in T.unroll(held):
+                    o[e] = narrow(act(wide(a[e])) * wide(b[e]))
+                scatter(o, y, bx, tx, n)
 
         return main
 
     if kind == "gated_bwd":
-        n = T.dynamic("n", "int64")
 
         @T.prim_func
         def main(
@@ -191,33 +221,22 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
             with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
                 tx = T.get_thread_binding()
                 T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
-                g = T.alloc_local((vec,), dt)
-                a = T.alloc_local((vec,), dt)
-                b = T.alloc_local((vec,), dt)
-                da = T.alloc_local((vec,), dt)
-                db = T.alloc_local((vec,), dt)
-                for step in T.unroll(per_thread):
-                    base = ((wide_index(bx) * per_thread + step) * threads + tx) * vec
-                    if base < n:
-                        for v in lanes(vec):
-                            g[v] = dy[base + v]
-                        for v in lanes(vec):
-                            a[v] = gate[base + v]
-                        for v in lanes(vec):
-                            b[v] = up[base + v]
-                        for v in T.unroll(vec):
-                            value, derivative = both(wide(a[v]))
-                            da[v] = narrow(wide(g[v]) * wide(b[v]) * derivative)
-                            db[v] = narrow(wide(g[v]) * value)
-                        for v in lanes(vec):
-                            dgate[base + v] = da[v]
-                        for v in lanes(vec):
-                            dup[base + v] = db[v]
+                g = T.alloc_local((held,), dt)
+                a = T.alloc_local((held,), dt)
+                b = T.alloc_local((held,), dt)
+                da = T.alloc_local((held,), dt)
+                db = T.alloc_local((held,), dt)
+                gather(dy, g, bx, tx, n)
+                gather(gate, a, bx, tx, n)
+                gather(up, b, bx, tx, n)
+                for e in T.unroll(held):
+                    value, derivative = both(wide(a[e]))
+                    da[e] = narrow(wide(g[e]) * wide(b[e]) * derivative)
+                    db[e] = narrow(wide(g[e]) * value)
+                scatter(da, dgate, bx, tx, n)
+                scatter(db, dup, bx, tx, n)
 
         return main
-
-    m = T.dynamic("m", "int64")
-    dv = d // vec  # accesses per row of each half
 
     if kind == "packed":
 
@@ -225,22 +244,14 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
         def main(x: T.Tensor((m, 2 * d), dt), y: T.Tensor((m, d), dt)):
             with T.Kernel(T.ceildiv(m * dv, chunk), threads=threads) as bx:
                 tx = T.get_thread_binding()
-                a = T.alloc_local((vec,), dt)
-                b = T.alloc_local((vec,), dt)
-                o = T.alloc_local((vec,), dt)
-                for step in T.unroll(per_thread):
-                    i = (wide_index(bx) * per_thread + step) * threads + tx
-                    if i < m * dv:
-                        row = i // dv
-                        col = (i % dv) * vec
-                        for v in lanes(vec):
-                            a[v] = x[row, col + v]
-                        for v in lanes(vec):
-                            b[v] = x[row, d + col + v]
-                        for v in T.unroll(vec):
-                            o[v] = narrow(act(wide(a[v])) * wide(b[v]))
-                        for v in lanes(vec):
-                            y[row, col + v] = o[v]
+                a = T.alloc_local((held,), dt)
+                b = T.alloc_local((held,), dt)
+                o = T.alloc_local((held,), dt)
+                gather_rows(x, a, bx, tx, m * dv, 0)
+                gather_rows(x, b, bx, tx, m * dv, d)
+                for e in T.unroll(held):
+                    o[e] = narrow(act(wide(a[e])) * wide(b[e]))
+                scatter_rows(o, y, bx, tx, m * dv, 0)
 
         return main
 
@@ -248,30 +259,20 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
     def main(dy: T.Tensor((m, d), dt), x: T.Tensor((m, 2 * d), dt), dx: T.Tensor((m, 2 * d), dt)):
         with T.Kernel(T.ceildiv(m * dv, chunk), threads=threads) as bx:
             tx = T.get_thread_binding()
-            g = T.alloc_local((vec,), dt)
-            a = T.alloc_local((vec,), dt)
-            b = T.alloc_local((vec,), dt)
-            da = T.alloc_local((vec,), dt)
-            db = T.alloc_local((vec,), dt)
-            for step in T.unroll(per_thread):
-                i = (wide_index(bx) * per_thread + step) * threads + tx
-                if i < m * dv:
-                    row = i // dv
-                    col = (i % dv) * vec
-                    for v in lanes(vec):
-                        g[v] = dy[row, col + v]
-                    for v in lanes(vec):
-                        a[v] = x[row, col + v]
-                    for v in lanes(vec):
-                        b[v] = x[row, d + col + v]
-                    for v in T.unroll(vec):
-                        value, derivative = both(wide(a[v]))
-                        da[v] = narrow(wide(g[v]) * wide(b[v]) * derivative)
-                        db[v] = narrow(wide(g[v]) * value)
-                    for v in lanes(vec):
-                        dx[row, col + v] = da[v]
-                    for v in lanes(vec):
-                        dx[row, d + col + v] = db[v]
+            g = T.alloc_local((held,), dt)
+            a = T.alloc_local((held,), dt)
+            b = T.alloc_local((held,), dt)
+            da = T.alloc_local((held,), dt)
+            db = T.alloc_local((held,), dt)
+            gather_rows(dy, g, bx, tx, m * dv, 0)
+            gather_rows(x, a, bx, tx, m * dv, 0)
+            gather_rows(x, b, bx, tx, m * dv, d)
+            for e in T.unroll(held):
+                value, derivative = both(wide(a[e]))
+                da[e] = narrow(wide(g[e]) * wide(b[e]) * derivative)
+                db[e] = narrow(wide(g[e]) * value)
+            scatter_rows(da, dx, bx, tx, m * dv, 0)
+            scatter_rows(db, dx, bx, tx, m * dv, d)
 
     return main
 

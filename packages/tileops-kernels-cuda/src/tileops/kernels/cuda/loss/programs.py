@@ -73,6 +73,10 @@ def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits):
     def main(logits: T.Tensor((n, vocab), dt), partial: T.Tensor((n, splits, 3), f32)):
         # Rows on the grid's x dimension, whose limit (2**31 - 1) no row count reaches (y stops at 65535).
         with T.Kernel(n, splits, threads=threads) as (row, split):
+            # Two blocks of 512 threads per SM: a thread then gets 64 registers (no spill), where
+            # TileLang's default of one block let ptxas take 95 and left the SM 16 warps to keep
+            # loads in flight with while each folds in what it loaded.
+            T.annotate_min_blocks_per_sm(max(1, 1024 // threads))
             tx = T.get_thread_binding()
             buf = T.alloc_local((width,), dt)
             z = T.alloc_local((width,), f32)
