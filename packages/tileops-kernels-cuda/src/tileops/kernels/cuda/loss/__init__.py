@@ -87,7 +87,8 @@ class CrossEntropyRowsKernel(_TileLangLoss, CrossEntropyRowsInterface):
         # Two programs per build: the split count of ``partial`` is also ``finish``'s.
         call = self.params
         partial = programs.compile_program(
-            "partial", call.dtype, call.vocab, call.target_dtype, call.softcap, self.tilelang_target, **config
+            "partial", call.dtype, call.vocab, call.target_dtype, call.softcap, self.tilelang_target,
+            sums_logits=call.label_smoothing != 0, **config,
         )
         finish = programs.compile_program(
             "finish", call.dtype, call.vocab, call.target_dtype, call.softcap, self.tilelang_target,

@@ -51,10 +51,11 @@ def _capper(softcap):
     return lambda x: softcap * T.tanh(x * (1.0 / softcap))
 
 
-def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits):
+def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits, sums_logits=True):
     """The ``partial`` program (see the module) for one dtype, V, soft-cap and configuration:
     each thread loads ``unroll`` accesses before it folds them in, so that that many 16-byte
-    loads per thread are in flight."""
+    loads per thread are in flight. ``sums_logits``: whether it sums z (label smoothing reads
+    the sum; without smoothing the third value of a span is 0)."""
     import tilelang.language as T
 
     dt, f32 = _TL_DTYPES[dtype], "float32"
@@ -84,6 +85,7 @@ def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits):
             s = T.alloc_local((1,), f32)
             sz = T.alloc_local((1,), f32)
             top = T.alloc_local((1,), f32)
+            shift = T.alloc_local((1,), f32)
             red = T.alloc_shared((3, warps), f32)
             m[0] = -T.infinity(f32)
             s[0] = 0.0
@@ -102,13 +104,16 @@ def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits):
                         # An access past the span counts as -inf: it adds nothing below.
                         z[u * vec + k] = T.if_then_else(access < end, cap(T.cast(buf[u * vec + k], f32)), -T.infinity(f32))
                         top[0] = T.max(top[0], z[u * vec + k])
-                # Rescale the running sum to the new maximum (a thread that has seen only -inf keeps 0).
-                s[0] = T.if_then_else(top[0] == -T.infinity(f32), 0.0, s[0] * T.exp2((m[0] - top[0]) * _LOG2E))
+                # exp(z - top) as exp2(z * log2(e) - shift): one multiply-add and the hardware's exp2
+                # per element. The per-element work, not the loads, set this kernel's time (59 % of
+                # the copy bandwidth with a select, a subtract and a multiply more per element).
+                # While the thread has seen only -inf the shift is 0, so that -inf still adds 0.
+                shift[0] = T.if_then_else(top[0] == -T.infinity(f32), 0.0, top[0] * _LOG2E)
+                s[0] = s[0] * T.exp2(m[0] * _LOG2E - shift[0])  # the running sum rescaled to the new maximum
                 for i in T.unroll(width):
-                    # -inf (a lane past the span) adds 0, also while top is still -inf.
-                    s[0] = s[0] + T.if_then_else(z[i] == -T.infinity(f32), 0.0, T.exp2((z[i] - top[0]) * _LOG2E))
-                    # The sum of z, which label smoothing reads (one add, cheaper than a second build).
-                    sz[0] = sz[0] + T.if_then_else(z[i] == -T.infinity(f32), 0.0, z[i])
+                    s[0] = s[0] + T.exp2(z[i] * _LOG2E - shift[0])
+                    if sums_logits:
+                        sz[0] = sz[0] + T.if_then_else(z[i] == -T.infinity(f32), 0.0, z[i])
                 m[0] = top[0]
             # The block's maximum, then every thread's sum rescaled to it and summed.
             top[0] = T.warp_reduce_max(m[0])

@@ -42,6 +42,11 @@ KINDS = ("forward", "backward")
 VARIANTS = ("register", "streamed")
 PHASES = ("whole", "partial", "finish")
 MAX_THREADS = 1024
+#: exp(d) is computed as exp2(d * log2(e)): one MUFU instruction where CUDA's precise expf spends
+#: about ten; the per-element exponentials were the register kernel's bottleneck on rows of 32000
+#: (compute, not memory, set its time with one 1024-thread block per SM). d = x - max is formed
+#: first, so the rounding of the product is relative to d, not to x.
+_LOG2E = 1.4426950408889634
 
 
 def vector_width(dtype: torch.dtype, aligned: bool) -> int:
@@ -106,9 +111,12 @@ def make_program(
             return T.cast(T.cast(element, odt), f32)
         return T.cast(element, f32)
 
+    def exp(d):
+        return T.exp2(d * _LOG2E)
+
     def rescale(old, new):
         # exp(old - new), exactly 1 where they are equal (both -inf or both +inf included).
-        return T.if_then_else(old == new, T.float32(1.0), T.exp(old - new))
+        return T.if_then_else(old == new, T.float32(1.0), exp(old - new))
 
     def shift_of(peak):
         # The max subtracted before exp: 0 where the row holds only -inf, whose terms are then 0.
@@ -139,7 +147,7 @@ def make_program(
         """y of one element from its float32 value and the row's (max, sum, log-sum) in stat."""
         if log:
             return (v - shift_of(stat[0])) - stat[2]
-        return T.exp(v - shift_of(stat[0])) * stat[2]
+        return exp(v - shift_of(stat[0])) * stat[2]
 
     @T.macro
     def finish_statistics(stat):
@@ -179,18 +187,28 @@ def make_program(
                             for v in T.unroll(vec):
                                 stat[0] = T.max(stat[0], value(buf[it * vec + v]))
                     reduce(stat, 0, True, red, tx)
+                    # Softmax keeps each exponential for the write (log-softmax writes v - shift - log(sum)):
+                    # computing them twice cost more than the row's loads and stores (43 -> 60 registers).
+                    kept = T.alloc_local((1 if log else iters * vec,), f32)
                     stat[1] = T.float32(0.0)
                     for it in T.unroll(iters):
                         if it * tpr + lane < nv:
                             for v in T.unroll(vec):
-                                stat[1] = stat[1] + T.exp(value(buf[it * vec + v]) - shift_of(stat[0]))
+                                if log:
+                                    stat[1] = stat[1] + exp(value(buf[it * vec + v]) - shift_of(stat[0]))
+                                else:
+                                    kept[it * vec + v] = exp(value(buf[it * vec + v]) - shift_of(stat[0]))
+                                    stat[1] = stat[1] + kept[it * vec + v]
                     reduce(stat, 1, False, red, tx)
                     finish_statistics(stat)
                     if row < m:
                         for it in T.unroll(iters):
                             if it * tpr + lane < nv:
                                 for v in T.unroll(vec):
-                                    out[v] = T.cast(forward_value(value(buf[it * vec + v]), stat), odt)
+                                    if log:
+                                        out[v] = T.cast(forward_value(value(buf[it * vec + v]), stat), odt)
+                                    else:
+                                        out[v] = T.cast(kept[it * vec + v] * stat[2], odt)
                                 for v in lanes(vec):
                                     y[row, (it * tpr + lane) * vec + v] = out[v]
 
@@ -280,7 +298,7 @@ def make_program(
             for u in T.unroll(unroll):
                 if in_chunk(chunk, st, u, tx):
                     for v in T.unroll(vec):
-                        stat[1] = stat[1] + T.exp(value(buf[u * vec + v]) - shift_of(stat[2]))
+                        stat[1] = stat[1] + exp(value(buf[u * vec + v]) - shift_of(stat[2]))
             stat[0] = stat[2]
         block_statistics(stat, red, tx)
 
@@ -469,7 +487,7 @@ def _gradient(T, log, dy_element, y_element, total):
     """dx of one element, in float32: dy - exp(y) * sum(dy) (log-softmax) or y * (dy - sum(dy * y))."""
     g, y = T.cast(dy_element, "float32"), T.cast(y_element, "float32")
     if log:
-        return g - T.exp(y) * total
+        return g - T.exp2(y * _LOG2E) * total
     return y * (g - total)
 
 
