@@ -4,8 +4,10 @@ Python: no tilelang).
 Which variant serves a call (refusals; selection takes the first that does not refuse):
 
 * ``register`` holds a row in registers, read once: rows of at most ``REGISTER_MAX_N`` elements
-  (1024 threads of at most 32 elements each: 32 registers of float32 values, 16 of 16-bit ones,
-  which keeps two 1024-thread blocks' data within an SM's 64K registers).
+  (1024 threads of at most 32 elements each). A 1024-thread block of a 16-bit row of 32000 takes
+  56 registers a thread (the row, and the float32 exponentials softmax keeps for its write), so
+  such rows run one block per SM: the per-element arithmetic, not the loads, is what its time
+  depends on (it was 2.7 of 6.7 us a row before the exponentials became one exp2 each).
 * ``streamed`` serves every longer row: an online pass and a write pass over the row, the second
   reading it from L2 (one 1024-thread block per row keeps 64 KiB in flight per SM, about what
   the copy bandwidth needs with HBM's latency, and at most 132 x 2 rows of 256 KiB, 68 MB, stay
