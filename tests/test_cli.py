@@ -641,7 +641,7 @@ def test_overhead_measures_the_op_layer_against_the_kernel_and_leaves_no_registr
     code, out = run_cli(capsys, "overhead", "RMSNormFwdOp", "--calls", "200", "--json")
     assert code == 0
     figures = json.loads(out)
-    assert set(figures) == {"op", "op_us", "kernel_us", "overhead_us", "budget_us", "real_op_us", "torch_us",
+    assert set(figures) == {"op", "calls", "op_us", "kernel_us", "overhead_us", "budget_us", "real_op_us", "torch_us",
                             "over_torch_us", "torch_api"}
     assert figures["op"].startswith("RMSNormFwdOp(normalized_shape=(4096,), eps=None) on decode-1: x (1, 4096) float32")
     assert figures["op_us"] > figures["kernel_us"] > 0

@@ -131,7 +131,7 @@ class CallDeclined(Exception):
 def _constraints_function(constraints, params: Mapping[str, Any], dims: list[str]) -> Callable[..., bool]:
     """One function of the call's dimensions (in ``dims``' order) that says whether every one
     of ``constraints`` holds, the op's params bound: one call in place of evaluating each
-    constraint on a namespace built per call (10 us a call for the four of the rope ops). A
+    constraint on a namespace built per call (10 us a call for an op of four of them). A
     constraint that cannot be evaluated counts as failing: the reference bind, which checks
     them one by one, then names it."""
     if not constraints:

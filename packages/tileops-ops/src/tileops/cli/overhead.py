@@ -1,9 +1,10 @@
 """``tileops overhead``: what the op layer adds to a call on the hit path, on the CPU.
 
 The op (by default the first one ``tileops ops`` lists) is measured on its first manifest
-workload, with one change: each of its in-tree CPU implementations is replaced by a subclass
-whose ``forward`` returns the result it computed on the first call (a subclass of the op holds
-them; nothing is registered), so the kernel costs next to nothing. The op is then called in a
+workload of at most ``MAX_ELEMENTS`` input elements (else its smallest), with one change: each
+of its in-tree CPU implementations is replaced by a subclass whose ``forward`` returns the
+result it computed on the first call (a subclass of the op holds them; nothing is registered),
+so the kernel costs next to nothing. The op is then called in a
 loop against calling those implementations' ``forward`` directly with the arguments the op
 passed them, in the same run. The difference is the op layer of an in-tree call: the
 generated signature checks, target and kernel lookup, and the op's own forward (reshaping,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +29,7 @@ from tileops.core.manifest import OpEntry
 from tileops.core.manifest.expressions import FUNCTIONS
 from tileops.core.op import Op
 from tileops.core.timing import best_call_times_us
-from tileops.testing import workload_inputs
+from tileops.testing import smallest_workload, workload_elements, workload_inputs
 
 from . import call_flags
 from .output import UsageError
@@ -35,6 +37,13 @@ from .output import UsageError
 BUDGET_US = 3.0
 LOOPS = 200  # timed loops per side; the best one counts
 PROBE_KEY = "overhead_probe"
+#: The real op and torch compute on the CPU in every timed call: on a prefill-sized first
+#: workload the run took hours. The op layer's cost does not depend on the size.
+MAX_ELEMENTS = 1 << 16
+#: A timed loop of the real op lasts about this long at most: ``calls`` is lowered for ops whose
+#: smallest workload is still slow to compute on the CPU (millions of elements).
+MAX_LOOP_SECONDS = 0.005
+MIN_CALLS = 10
 
 
 def _probe_of(implementation: type[Kernel]) -> type[Kernel]:
@@ -91,7 +100,8 @@ def _torch_function(entry: OpEntry, params: dict):
 def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS) -> dict[str, float]:
     op_class = call_flags.op_class_named(op_name) if op_name else next(iter(call_flags.op_classes().values()))
     entry = op_class.manifest_entry()
-    workload = entry.workloads[0]
+    small = [w for w in entry.workloads if workload_elements(w) <= MAX_ELEMENTS]
+    workload = small[0] if small else smallest_workload(op_class)
     # float32 where the workload has it: the CPU's own type, as the CPU implementations compute.
     dtype = torch.float32 if torch.float32 in workload.dtypes else workload.dtypes[0]
     inputs = workload_inputs(entry, workload, dtype, "cpu")
@@ -109,12 +119,17 @@ def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS)
     sides = [lambda: op(*arguments), lambda: kernel.forward(*kernel_arguments), lambda: real(*arguments)]
     if torch_function is not None:
         sides.append(lambda: torch_function(*arguments))
+    real(*arguments)  # its first call builds its kernel
+    started = time.perf_counter()
+    real(*arguments)
+    calls = max(MIN_CALLS, min(calls, int(MAX_LOOP_SECONDS / (time.perf_counter() - started))))
     times = best_call_times_us(sides, calls=calls, loops=repeats)
     op_us, kernel_us, real_us = times[:3]
     torch_us = times[3] if torch_function is not None else None
     return {
         "op": f"{op_class.__name__}({', '.join(f'{k}={v!r}' for k, v in op.params.items())}) on {workload.name}: "
         + ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in inputs.items()),
+        "calls": calls,
         "op_us": op_us,
         "kernel_us": kernel_us,
         "overhead_us": op_us - kernel_us,
@@ -132,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(
-            f"{result['op']} ({args.calls} calls per loop, best of {LOOPS} loops, op and kernel interleaved; "
+            f"{result['op']} ({result['calls']} calls per loop, best of {LOOPS} loops, op and kernel interleaved; "
             "the kernel returns a result computed once)"
         )
         print(f"  op(...)                  {result['op_us']:7.2f} us/call")
@@ -153,6 +168,8 @@ def register(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("op", nargs="?", metavar="OP", help="the op's class name (default: the first op listed)")
-    parser.add_argument("--calls", type=int, default=1000, help="calls per timed loop (default 1000)")
+    parser.add_argument(
+        "--calls", type=int, default=1000, help="calls per timed loop (default 1000; fewer where one call of the op is slow)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(handler=run)
