@@ -10,7 +10,8 @@ parameters (hidden 2048, 16 layers, 32 query and 8 key/value heads, intermediate
 vocabulary 128256, as Llama 3.2 1B). For each variant it measures, on the same inputs:
 
 * a training step (forward with labels, backward, AdamW step) at ``--seq`` tokens per sequence
-  and ``--batch`` sequences: median time and the peak memory the step allocates;
+  and ``--batch`` sequences: the best time of ``--repeats`` steps after a warm-up, and the peak
+  memory the step allocates;
 * a prefill (a forward of the batch without labels, no gradients): tokens per second;
 * decode: ``--new-tokens`` greedy tokens after a short prompt with ``generate``, tokens per
   second. The compiled variants decode with a static cache (``cache_implementation="static"``,
@@ -25,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
-import time
 
 import torch
+
+from tileops.core.timing import best_call_times_us
 
 FULL = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
         "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": True}
@@ -37,21 +38,12 @@ QUICK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "n
 VARIANTS = ("eager", "compile", "liger", "tileops", "tileops-compile")
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_seconds(function, device: torch.device, repeats: int) -> float:
-    function()  # warm-up: compilation, kernel builds, autotuning
-    times = []
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        function()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _best_seconds(function, device: torch.device, repeats: int) -> float:
+    """The best of ``repeats`` timed calls of ``function`` after one untimed (compilation, kernel
+    builds, autotuning), the device's work included: the method of ``tileops bench``'s call times."""
+    synchronize = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    (microseconds,) = best_call_times_us([function], calls=1, loops=repeats, synchronize=synchronize)
+    return microseconds / 1e6
 
 
 def build(variant: str, config, dtype: torch.dtype, device: torch.device) -> tuple[torch.nn.Module, str]:
@@ -96,7 +88,7 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    step = _median_seconds(train_step, device, args.repeats)
+    step = _best_seconds(train_step, device, args.repeats)
     peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if device.type == "cuda" else float("nan")
     optimizer.state.clear()
 
@@ -105,7 +97,7 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
         with torch.no_grad():
             step_model(ids)
 
-    prefill_seconds = _median_seconds(prefill, device, args.repeats)
+    prefill_seconds = _best_seconds(prefill, device, args.repeats)
 
     prompt = ids[:, : args.prompt]
     options = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False, "pad_token_id": 0}
@@ -117,7 +109,7 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
         with torch.no_grad():
             model.generate(prompt, **options)
 
-    decode_seconds = _median_seconds(decode, device, args.repeats)
+    decode_seconds = _best_seconds(decode, device, args.repeats)
     return {"variant": variant, "note": note, "step_ms": step * 1e3, "peak_gib": peak,
             "prefill_tok_s": args.batch * args.seq / prefill_seconds, "decode_tok_s": args.batch * args.new_tokens / decode_seconds}
 
