@@ -182,10 +182,25 @@ def test_in_place_rotates_q_and_k_where_they_are_slices_included(style):
     assert torch.equal(qv[..., heads_q * dim :], v_before)  # v untouched
 
 
-def test_in_place_q_and_k_of_one_fused_tensor_are_refused_as_overlapping():
-    # The call path's overlap check compares memory ranges, and the two slices' ranges interleave.
+def test_in_place_q_and_k_of_one_fused_tensor_rotate_where_they_are():
+    # The two slices' memory ranges interleave, but they share no element: the overlap rule
+    # compares views of the same strides element by element.
     qkv = torch.randn(2, 5, 12 * 64)
     q, k = qkv[..., : 8 * 64].view(2, 5, 8, 64), qkv[..., 8 * 64 : 10 * 64].view(2, 5, 2, 64)
+    v_before = qkv[..., 10 * 64 :].clone()
+    cos, sin = llama_caches(16, 64)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4], [9, 3, 15, 0, 7]])
+    q_want, k_want = RotaryEmbeddingFwdOp()(q, k, cos, sin, position_ids)
+    q_out, k_out = RotaryEmbeddingInplaceFwdOp()(q, k, cos, sin, position_ids)
+    assert q_out is q and k_out is k
+    torch.testing.assert_close(q, q_want, atol=0, rtol=0)
+    torch.testing.assert_close(k, k_want, atol=0, rtol=0)
+    assert torch.equal(qkv[..., 10 * 64 :], v_before)  # v untouched
+
+
+def test_in_place_q_and_k_that_share_elements_are_refused_naming_both():
+    qkv = torch.randn(2, 5, 12 * 64)
+    q, k = qkv[..., : 8 * 64].view(2, 5, 8, 64), qkv[..., 7 * 64 : 9 * 64].view(2, 5, 2, 64)  # head 7 in both
     cos, sin = llama_caches(16, 64)
     with pytest.raises(OpArgumentError, match=r"RotaryEmbeddingInplaceFwdOp: argument 'q' and argument 'k' share memory"):
         RotaryEmbeddingInplaceFwdOp()(q, k, cos, sin, torch.zeros(2, 5, dtype=torch.int64))
@@ -345,7 +360,7 @@ def test_the_in_place_op_compiles_and_rotates_the_callers_tensors(backend):
     torch._dynamo.reset()
     op = RotaryEmbeddingInplaceFwdOp(32)
     qkv = torch.randn(2, 3, (4 + 2 * 2) * 64)
-    q, k = qkv[..., : 4 * 64].view(2, 3, 4, 64), qkv[..., 4 * 64 : 6 * 64].contiguous().view(2, 3, 2, 64)
+    q, k = qkv[..., : 4 * 64].view(2, 3, 4, 64), qkv[..., 4 * 64 : 6 * 64].view(2, 3, 2, 64)
     cos, sin = llama_caches(8, 32)
     position_ids = torch.tensor([[0, 1, 2], [5, 6, 7]])
     want_q, want_k = RotaryEmbeddingFwdOp(32)(q, k, cos, sin, position_ids)

@@ -24,7 +24,7 @@ import torch
 from .manifest import BoundCall, Signature
 from .manifest.entries import OpEntry, TensorDecl
 from .manifest.expressions import FUNCTIONS
-from .manifest.signature import overlapping
+from .manifest.overlap import overlapping
 from .manifest.shapes import PatternEntry
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import OpArgumentError
 from .entries import OpEntry, ParamDecl, TensorDecl, param_value
+from .overlap import overlapping
 from .quoting import shown
 from .shapes import given
 
@@ -48,34 +49,6 @@ def unsupported_kind(tensor: torch.Tensor) -> str | None:
         return f"a {str(tensor.layout).removeprefix('torch.')} tensor (layout {tensor.layout})"
     if torch._C._functorch.is_functorch_wrapped_tensor(tensor):
         return "a tensor wrapped by a torch.func transform (torch.vmap, grad, jacrev...)"
-    return None
-
-
-def _memory_span(tensor: torch.Tensor) -> tuple[int, int] | None:
-    """[first, last] byte address ``tensor`` may touch, or None when it touches no memory
-    (empty, or on the meta device)."""
-    if tensor.numel() == 0 or tensor.device.type == "meta":
-        return None
-    start = tensor.data_ptr()
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
-    return start, start + (last + 1) * tensor.element_size() - 1
-
-
-def overlapping(written: Sequence[tuple[str, torch.Tensor]], read: Sequence[tuple[str, torch.Tensor]]):
-    """The names of the first pair of tensors that share memory, where one of each pair is in
-    ``written`` (tensors the call writes) and the other in ``written`` or ``read``; or None.
-
-    Spans are compared by address, so views of one storage and distinct storages over the
-    same memory are both caught; two interleaved views (``t[::2]`` and ``t[1::2]``) count as
-    overlapping, which only refuses a call that the rule would otherwise have to reason about.
-    """
-    spans = [(name, tensor.device, _memory_span(tensor)) for name, tensor in [*written, *read]]
-    for i, (name, device, span) in enumerate(spans[: len(written)]):
-        if span is None:
-            continue
-        for other, other_device, other_span in spans[i + 1 :]:
-            if other_span is not None and other_device == device and span[0] <= other_span[1] and other_span[0] <= span[1]:
-                return name, other
     return None
 
 

@@ -121,8 +121,8 @@ class RotaryEmbeddingBwdOp(_RopeOp):
 class RotaryEmbeddingInplaceFwdOp(_RopeOp):
     """Rotary position embedding of q and k where they are: ``op(q, k, cos, sin, position_ids)
     -> (q, k)``. q and k may be slices of a fused qkv tensor. Not differentiable (a training step
-    uses ``RotaryEmbeddingFwdOp``), and, as every op whose outputs alias its inputs, not traced by
-    ``torch.compile`` yet."""
+    uses ``RotaryEmbeddingFwdOp``). Under ``torch.compile`` its custom op declares q and k written
+    and the traced call returns the caller's tensors."""
 
     kernel_interfaces = (RotaryEmbeddingInplaceInterface,)
     in_tree_kernels = {RotaryEmbeddingInplaceInterface: IMPLEMENTATIONS[RotaryEmbeddingInplaceInterface]}
