@@ -102,11 +102,14 @@ class Constraint:
         try:
             return bool(evaluate(self.code, namespace))
         except Exception as error:  # noqa: BLE001 - whatever the expression raises is the manifest's fault
-            shown_values = ", ".join(f"{k}={shown(v, 40)}" for k, v in namespace.items())
-            raise ManifestError(
-                f"{self.place}: the constraint {shown(self.text)} cannot be evaluated on {shown_text(shown_values, 200)}: "
-                f"{type(error).__name__}: {shown_text(str(error), 200)}"
-            ) from None
+            raise ManifestError(f"{self.place}: {self.unevaluable(namespace, error)}") from None
+
+    def unevaluable(self, namespace: dict[str, Any], error: Exception, values: str = "") -> str:
+        """Why the constraint cannot be evaluated on ``namespace``: its text, the values (called
+        ``values`` where given) and the error the expression raised."""
+        shown_values = shown_text(", ".join(f"{k}={shown(v, 40)}" for k, v in namespace.items()), 200)
+        on = f"{values} ({shown_values})" if values else shown_values
+        return f"the constraint {shown(self.text)} cannot be evaluated on {on}: {type(error).__name__}: {shown_text(str(error), 200)}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -490,11 +490,7 @@ def _evaluate_constraints(
         try:
             evaluate(constraint.code, namespace)
         except Exception as error:  # noqa: BLE001 - whatever the expression raises is the manifest's fault
-            shown_values = ", ".join(f"{k}={shown(v, 40)}" for k, v in namespace.items())
-            raise where.error(
-                f"the constraint {shown(constraint.text)} cannot be evaluated on this workload's values "
-                f"({shown_text(shown_values, 200)}): {type(error).__name__}: {shown_text(str(error), 200)}"
-            ) from None
+            raise where.error(constraint.unevaluable(namespace, error, "this workload's values")) from None
 
 
 #: The module names reference expressions use, and what they stand for.
