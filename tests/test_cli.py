@@ -650,6 +650,22 @@ def test_overhead_measures_the_op_layer_against_the_kernel_and_leaves_no_registr
     assert "overhead_probe" not in registry.kernel_types("RMSNormFwdOp")
 
 
+def test_overhead_times_an_op_whose_first_workload_is_large_on_a_small_one(capsys):
+    # AttentionFwdOp's first workload is a prefill: timed as it is, the run took hours on a CPU.
+    from tileops.cli.overhead import MAX_ELEMENTS
+    from tileops.ops import AttentionFwdOp
+    from tileops.testing import workload_elements
+
+    entry = AttentionFwdOp.manifest_entry()
+    assert workload_elements(entry.workloads[0]) > MAX_ELEMENTS
+    code, out = run_cli(capsys, "overhead", "AttentionFwdOp", "--calls", "5", "--json")
+    assert code == 0
+    figures = json.loads(out)
+    (workload,) = [w for w in entry.workloads if f" on {w.name}:" in figures["op"]]
+    assert workload_elements(workload) <= MAX_ELEMENTS
+    assert figures["op_us"] > figures["kernel_us"] > 0 and figures["calls"] == 5  # never more than asked
+
+
 def test_check_reports_a_registration_for_an_op_name_no_class_has(capsys, scoped_registry):
     from tileops.backend import Kernel, register_kernel_type
     from tileops.ops.norm import RMSNormFwdInterface

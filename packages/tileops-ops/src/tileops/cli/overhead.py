@@ -122,7 +122,7 @@ def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS)
     real(*arguments)  # its first call builds its kernel
     started = time.perf_counter()
     real(*arguments)
-    calls = max(MIN_CALLS, min(calls, int(MAX_LOOP_SECONDS / (time.perf_counter() - started))))
+    calls = min(calls, max(MIN_CALLS, int(MAX_LOOP_SECONDS / (time.perf_counter() - started))))
     times = best_call_times_us(sides, calls=calls, loops=repeats)
     op_us, kernel_us, real_us = times[:3]
     torch_us = times[3] if torch_function is not None else None
