@@ -23,10 +23,12 @@ _MOST_STEPS = 4096
 def _memory_span(tensor: torch.Tensor) -> tuple[int, int] | None:
     """[first, last] byte address ``tensor`` may touch, or None when it touches no memory
     (empty, or on the meta device)."""
-    if tensor.numel() == 0 or tensor.device.type == "meta":
+    count = tensor.numel()
+    if count == 0 or tensor.is_meta:
         return None
     start = tensor.data_ptr()
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    # A contiguous tensor (every one the call path passes) spans its elements: no strides to sum.
+    last = count - 1 if tensor.is_contiguous() else sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
     return start, start + (last + 1) * tensor.element_size() - 1
 
 
@@ -94,11 +96,11 @@ def overlapping(written: Sequence[tuple[str, torch.Tensor]], read: Sequence[tupl
         if span is None:
             continue
         for other, other_tensor, other_span in spans[i + 1 :]:
-            if (
+            if (  # addresses first: comparing devices builds two device objects
                 other_span is not None
-                and other_tensor.device == tensor.device
                 and span[0] <= other_span[1]
                 and other_span[0] <= span[1]
+                and other_tensor.device == tensor.device
                 and _share_elements(tensor, other_tensor)
             ):
                 return name, other
