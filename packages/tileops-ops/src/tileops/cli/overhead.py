@@ -10,9 +10,9 @@ passed them, in the same run. The difference is the op layer of an in-tree call:
 generated signature checks, target and kernel lookup, and the op's own forward (reshaping,
 call-spec fields).
 
-In the same run the op itself, with its real CPU implementation, is timed against the torch
-function it stands for (the manifest's ``torch_api``) on the same inputs: what a user pays for
-calling the op instead of torch on the CPU.
+In the same run, in loops of their own, the op itself, with its real CPU implementation, is
+timed against the torch function it stands for (the manifest's ``torch_api``) on the same
+inputs: what a user pays for calling the op instead of torch on the CPU.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ PROBE_KEY = "overhead_probe"
 #: The real op and torch compute on the CPU in every timed call: on a prefill-sized first
 #: workload the run took hours. The op layer's cost does not depend on the size.
 MAX_ELEMENTS = 1 << 16
-#: A timed loop of the real op lasts about this long at most: ``calls`` is lowered for ops whose
-#: smallest workload is still slow to compute on the CPU (millions of elements).
+#: A timed loop of the real op lasts about this long at most: its calls per loop are fewer than
+#: ``calls`` for ops whose smallest workload is still slow to compute on the CPU (millions of
+#: elements); the op layer's sides always take ``calls``.
 MAX_LOOP_SECONDS = 0.005
 MIN_CALLS = 10
 
@@ -116,20 +117,28 @@ def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS)
     kernel_arguments = kernel.arguments
     real = op_class(**workload.params, target="builtin")
     torch_function = _torch_function(entry, real.params)
-    sides = [lambda: op(*arguments), lambda: kernel.forward(*kernel_arguments), lambda: real(*arguments)]
+    # The op layer: the probed op against its kernel alone, neither computing anything.
+    op_us, kernel_us = best_call_times_us(
+        [lambda: op(*arguments), lambda: kernel.forward(*kernel_arguments)], calls=calls, loops=repeats
+    )
+    # The real op against torch, in a run of their own: with fewer calls per loop where one
+    # computes for long, and apart from the op layer's sides, whose calls would otherwise start
+    # with caches the computation emptied.
+    sides = [lambda: real(*arguments)]
     if torch_function is not None:
         sides.append(lambda: torch_function(*arguments))
     real(*arguments)  # its first call builds its kernel
     started = time.perf_counter()
     real(*arguments)
-    calls = min(calls, max(MIN_CALLS, int(MAX_LOOP_SECONDS / (time.perf_counter() - started))))
-    times = best_call_times_us(sides, calls=calls, loops=repeats)
-    op_us, kernel_us, real_us = times[:3]
-    torch_us = times[3] if torch_function is not None else None
+    torch_calls = min(calls, max(MIN_CALLS, int(MAX_LOOP_SECONDS / (time.perf_counter() - started))))
+    times = best_call_times_us(sides, calls=torch_calls, loops=repeats)
+    real_us = times[0]
+    torch_us = times[1] if torch_function is not None else None
     return {
         "op": f"{op_class.__name__}({', '.join(f'{k}={v!r}' for k, v in op.params.items())}) on {workload.name}: "
         + ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in inputs.items()),
         "calls": calls,
+        "torch_calls": torch_calls,
         "op_us": op_us,
         "kernel_us": kernel_us,
         "overhead_us": op_us - kernel_us,
@@ -154,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  kernel.forward(...)      {result['kernel_us']:7.2f} us/call")
         print(f"  op layer adds            {result['overhead_us']:7.2f} us/call   (budget {BUDGET_US:.1f} us)")
         if result["torch_us"] is not None:
-            print(f"the op with its CPU implementation against the torch it stands for, {result['torch_api']}:")
+            print(
+                f"the op with its CPU implementation against the torch it stands for, {result['torch_api']} "
+                f"({result['torch_calls']} calls per loop, the two in turns):"
+            )
             print(f"  op(...)                  {result['real_op_us']:7.2f} us/call")
             print(f"  torch                    {result['torch_us']:7.2f} us/call")
             print(f"  op costs more by         {result['over_torch_us']:7.2f} us/call   (budget {BUDGET_US:.1f} us)")
