@@ -4,11 +4,10 @@ The op (by default the first one ``tileops ops`` lists) is measured on its first
 workload of at most ``MAX_ELEMENTS`` input elements (else its smallest), with one change: each
 of its in-tree CPU implementations is replaced by a subclass whose ``forward`` returns the
 result it computed on the first call (a subclass of the op holds them; nothing is registered),
-so the kernel costs next to nothing. The op is then called in a
-loop against calling those implementations' ``forward`` directly with the arguments the op
-passed them, in the same run. The difference is the op layer of an in-tree call: the
-generated signature checks, target and kernel lookup, and the op's own forward (reshaping,
-call-spec fields).
+so the kernel costs next to nothing. The op is then called in a loop against calling those
+implementations' ``forward`` directly with the arguments the op passed them, in the same run.
+The difference is the op layer of an in-tree call: the generated signature checks, target and
+kernel lookup, and the op's own forward (reshaping, call-spec fields).
 
 In the same run, in loops of their own, the op itself, with its real CPU implementation, is
 timed against the torch function it stands for (the manifest's ``torch_api``) on the same
@@ -181,7 +180,8 @@ def register(commands) -> None:
     )
     parser.add_argument("op", nargs="?", metavar="OP", help="the op's class name (default: the first op listed)")
     parser.add_argument(
-        "--calls", type=int, default=1000, help="calls per timed loop (default 1000; fewer where one call of the op is slow)"
+        "--calls", type=int, default=1000,
+        help="calls per timed loop (default 1000; the real op and torch take fewer where one call computes for long)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(handler=run)
