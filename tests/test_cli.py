@@ -550,7 +550,9 @@ def test_check_reports_an_op_listed_under_another_family(capsys, monkeypatch):
 def test_demo_still_runs_every_op_then_a_transformers_model_as_built_and_patched(capsys):
     code, out = run_cli(capsys, "demo", "--device", "cpu")
     assert code == 0, out
-    assert out.count("served by torch_cpu") == len(ALL_OPS)
+    with_interfaces = [op_class for ops in FAMILIES.values() for op_class in ops if op_class.kernel_interfaces]
+    assert out.count("served by torch_cpu") == len(with_interfaces)
+    assert out.count("served by its own torch code") == len(ALL_OPS) - len(with_interfaces) == 1  # LinearCrossEntropyBwdOp
     model = out[out.index("\nmodel (") :]
     assert "LlamaMLP -> tileops.nn.GatedMLP (2)" in model
     sides = {line.split()[0]: line.split()[1:] for line in model.splitlines() if line.split()[:1] in (["transformers"], ["tileops"])}
@@ -582,7 +584,9 @@ def test_demo_model_part_that_fails_is_reported_and_exits_1(capsys, monkeypatch)
     code, out = run_cli(capsys, "demo", "--device", "cpu")
     assert code == 1
     assert "  failed: AttributeError: module 'transformers' has no attribute 'LlamaConfig'" in out
-    assert out.count("served by torch_cpu") == len(ALL_OPS)  # the ops ran and were reported first
+    with_interfaces = [op_class for ops in FAMILIES.values() for op_class in ops if op_class.kernel_interfaces]
+    assert out.count("served by torch_cpu") == len(with_interfaces)
+    assert out.count("served by its own torch code") == len(ALL_OPS) - len(with_interfaces) == 1  # LinearCrossEntropyBwdOp  # the ops ran and were reported first
 
 
 def test_demo_runs_the_named_ops_with_the_shape_params_and_omissions_given(capsys):

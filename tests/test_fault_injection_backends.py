@@ -94,8 +94,10 @@ _checks = {
         op(torch.tensor(1.0), None, _x, _t, torch.logsumexp(_x, -1)), _vjp(lambda t: _F.cross_entropy(t, _t), _x)[1]),
     "CrossEntropyPerRowBwdOp": lambda op: torch.testing.assert_close(
         op(_r[:, 0], None, _x, _t, torch.logsumexp(_x, -1)), _vjp(lambda t: _F.cross_entropy(t, _t, reduction="none"), _x, _r[:, 0])[1]),
-    "LinearCrossEntropyBwdOp": lambda op: torch.testing.assert_close(
-        op(torch.tensor(1.0), _x, _r, None, _t)[0], _vjp(lambda h: _F.cross_entropy(h @ _r.T, _t), _x)[1]),
+    # The forward's unit gradients (that of the hidden states, weight's and bias's left zero) scaled by dloss.
+    "LinearCrossEntropyBwdOp": lambda op: (lambda unit: torch.testing.assert_close(
+        op(torch.tensor(2.0), _x, _r, None, _t, unit.clone(), torch.zeros(3, 8), torch.zeros(3))[0], 2 * unit))(
+        _vjp(lambda h: _F.cross_entropy(h @ _r.T, _t), _x)[1]),
     # Attention with q = k = v = _x as (1 sequence, 3 tokens, 1 head, 8) against F's, and dv for do = _r.
     "AttentionFwdOp": lambda op: torch.testing.assert_close(
         op(_x[None, :, None], _x[None, :, None], _x[None, :, None])[0][0, :, 0], _F.scaled_dot_product_attention(_x, _x, _x)),

@@ -209,6 +209,21 @@ def test_a_constraint_that_cannot_be_evaluated_at_construction_is_a_manifest_err
     _assert_other_ops_still_work()
 
 
+def test_a_saved_statistic_the_backward_can_neither_omit_nor_derive_is_a_manifest_error_naming_it():
+    # RMSNormBwdOp's rstd, required and without its derive expression: a target's forward, which
+    # saves nothing, would leave the backward without it.
+    declaration = re.search(r"^RMSNormBwdOp:\n(?:  .*\n|\n)*?      rstd:\n(?:        .*\n)+", SHIPPED, re.M).group(0)
+    broken = re.sub(r"        (optional: true|derive: .*)\n", "", declaration.split("      rstd:\n")[1])
+    text = SHIPPED.replace(declaration, declaration.split("      rstd:\n")[0] + "      rstd:\n" + broken)
+    assert text != SHIPPED
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text, SOURCE)
+    message = str(info.value)
+    assert message.startswith(f"{SOURCE}, op RMSNormFwdOp, field backward.saves")
+    assert "RMSNormBwdOp's input 'rstd' must be optional (the backward op computes it) or declare a derive" in message
+    _assert_other_ops_still_work()
+
+
 def test_a_workload_of_the_wrong_shapes_is_left_to_check_and_reported_there(capsys, tmp_path):
     # The loader evaluates constraints only where the workload's shapes fit the signature.
     path = tmp_path / SOURCE

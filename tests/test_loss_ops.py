@@ -231,21 +231,66 @@ def test_linear_cross_entropy_gradcheck_over_several_chunks(with_bias):
     assert torch.autograd.gradcheck(lambda h, w, *b: op(h, w, b[0] if b else None, target_ids), inputs)
 
 
-def test_linear_cross_entropy_matches_the_logits_path_and_its_backward_op_alone():
+def test_linear_cross_entropy_matches_the_logits_path_and_its_backward_op_scales_the_saved_gradients_in_place():
     from tileops.ops import LinearCrossEntropyBwdOp, LinearCrossEntropyFwdOp
 
     hidden_states, weight = torch.randn(20, 8, dtype=torch.float64), torch.randn(30, 8, dtype=torch.float64)
     target_ids = torch.randint(0, 30, (20,))
-    fused = LinearCrossEntropyFwdOp(reduction="sum")(hidden_states, weight, None, target_ids)
+    forward = LinearCrossEntropyFwdOp(reduction="sum")
+    fused = forward(hidden_states, weight, None, target_ids)
     torch.testing.assert_close(fused, CrossEntropyFwdOp(reduction="sum")(hidden_states @ weight.T, target_ids)[0])
     h, w = hidden_states.clone().requires_grad_(), weight.clone().requires_grad_()
     F.cross_entropy(h @ w.T, target_ids, reduction="sum").backward(torch.tensor(3.0, dtype=torch.float64))
-    dhidden, dweight, dbias = LinearCrossEntropyBwdOp(reduction="sum")(
-        torch.tensor(3.0, dtype=torch.float64), hidden_states, weight, None, target_ids
-    )
-    torch.testing.assert_close(dhidden, h.grad)
-    torch.testing.assert_close(dweight, w.grad)
-    assert dbias.shape == (30,)
+    _, saved = forward.forward_saving(hidden_states, weight, None, target_ids)
+    results = LinearCrossEntropyBwdOp(reduction="sum")(torch.tensor(3.0, dtype=torch.float64), hidden_states, weight, None,
+                                                       target_ids, *saved)
+    assert all(result is grad for result, grad in zip(results, saved))  # no second weight-sized tensor
+    torch.testing.assert_close(results[0], h.grad)
+    torch.testing.assert_close(results[1], w.grad)
+    zero_bias = torch.zeros(30, dtype=torch.float64, requires_grad=True)  # no bias: that of a zero bias
+    F.cross_entropy(hidden_states @ weight.T + zero_bias, target_ids, reduction="sum").backward(torch.tensor(3.0, dtype=torch.float64))
+    torch.testing.assert_close(results[2], zero_bias.grad)
+
+
+def test_linear_cross_entropy_training_allocates_one_weight_sized_gradient_and_backward_runs_twice_with_retain_graph():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    class WeightSizedTensors(TorchDispatchMode):
+        """Counts the results of the weight's size, in memory none of their call's arguments
+        had, that the calls it sees create."""
+
+        def __init__(self, numel):
+            super().__init__()
+            self.numel, self.count = numel, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            results = [r for r in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(r, torch.Tensor)]
+            held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            self.count += sum(r.numel() == self.numel and r.untyped_storage().data_ptr() not in held for r in results)
+            return result
+
+    generator = torch.Generator().manual_seed(0)
+    hidden_states = torch.randn(24, 8, generator=generator, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(50, 8, generator=generator, dtype=torch.float64).requires_grad_()
+    target_ids = torch.randint(0, 50, (24,), generator=generator)
+    loss = LinearCrossEntropyFwdOp()(hidden_states, weight, None, target_ids)
+    counting = WeightSizedTensors(weight.numel())
+    with counting:
+        loss.backward(torch.tensor(2.0, dtype=torch.float64), retain_graph=True)
+    # The weight's gradient is the forward's saved one, scaled where it is: a copy would be a second
+    # tensor of the weight's size beside it, at the start of a backward pass, where memory peaks.
+    assert counting.count == 0
+    h, w = hidden_states.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    (2 * F.cross_entropy(h @ w.T, target_ids)).backward()
+    torch.testing.assert_close(weight.grad, w.grad)
+    torch.testing.assert_close(hidden_states.grad, h.grad)
+    # A second backward through the same call finds the saved gradients used: it computes them again.
+    loss.backward(torch.tensor(1.0, dtype=torch.float64))
+    torch.testing.assert_close(weight.grad, 1.5 * w.grad)
+    torch.testing.assert_close(hidden_states.grad, 1.5 * h.grad)
 
 
 def test_the_peer_table_names_family_ops_and_builds_liger_losses_with_the_ops_options():

@@ -14,6 +14,12 @@ not require grad) never come here: they save nothing and cost nothing more.
 A statistic that an implementation did not save (a target's forward computes only the outputs) is
 computed by the backward input's ``derive`` expression, the same one workloads use, so that the
 backward always receives it.
+
+A statistic the backward op writes (``access: readwrite``, e.g. a saved gradient it scales in
+place, so that no second tensor of its size exists) is *consumed*: an eager node keeps it out of
+``save_for_backward`` (whose version check would refuse it once written) and hands it to its first
+backward only; a second backward through the node (``retain_graph=True``) has the forward's
+saving computation compute it again.
 """
 
 from __future__ import annotations
@@ -66,6 +72,13 @@ class Differentiation:
         )
         self._kept_inputs = sorted({index for kind, index in self.sources if kind == _INPUT})
         self._kept_outputs = sorted({index for kind, index in self.sources if kind == _OUTPUT})
+        backward_inputs = [t.name for t in backward.inputs]
+        #: (output position, input position) of each backward output that is a written input.
+        self._aliased = tuple((i, backward_inputs.index(t.aliases)) for i, t in enumerate(backward.outputs) if t.aliases)
+        written = {t.name for t in backward.inputs if t.written}
+        #: Positions among the saved statistics of those the backward op writes (consumes).
+        self._consumed = tuple(i for i, name in enumerate(self.saves) if name in written)
+        self.consumes = bool(self._consumed)
         #: The autograd Function of eager calls, named after the op (``y.grad_fn`` shows
         #: ``<OpName>Backward``).
         self.node = type(forward.name, (_Node,), {"__module__": __name__})
@@ -94,6 +107,28 @@ class Differentiation:
         not, where the backward reads the sum)."""
         return [*(inputs[i] for i in self._kept_inputs), *(outputs[j] for j in self._kept_outputs), *saved]
 
+    def split_consumed(self, kept: Sequence[Any]) -> tuple[list, tuple]:
+        """``kept`` as (what ``save_for_backward`` keeps, the consumed statistics)."""
+        first = len(self._kept_inputs) + len(self._kept_outputs)
+        consumed = {first + i for i in self._consumed}
+        return [t for i, t in enumerate(kept) if i not in consumed], tuple(kept[i] for i in sorted(consumed))
+
+    def join_consumed(self, kept: Sequence[Any], consumed: Sequence[Any]) -> list:
+        """``split_consumed`` undone."""
+        first = len(self._kept_inputs) + len(self._kept_outputs)
+        joined = list(kept)
+        for i, value in zip(self._consumed, consumed):
+            joined.insert(first + i, value)  # ascending positions: each lands where split took it
+        return joined
+
+    def recompute_consumed(self, op: Op, call: BoundCall) -> tuple:
+        """The consumed statistics of ``call`` computed again by the op's saving forward (the
+        same computation as the first time, so the same values)."""
+        result, saved = op.run_saving(call)
+        outputs = result if isinstance(result, tuple) else (result,)
+        saved = self.complete_saved(op, call.inputs, outputs, saved)
+        return tuple(saved[i] for i in self._consumed)
+
     def backward_arguments(self, grads: Sequence[Any], kept: Sequence[Any]) -> list:
         """The backward op's inputs, in its order, from the incoming gradients and ``kept``."""
         n_inputs, n_outputs = len(self._kept_inputs), len(self._kept_outputs)
@@ -104,6 +139,16 @@ class Differentiation:
             _SAVED: kept[n_inputs + n_outputs :],
         }
         return [pools[kind][index] for kind, index in self.sources]
+
+    def with_aliases(self, results: Any, arguments: Sequence[Any]) -> Any:
+        """The backward op's custom op's ``results`` with each output that is a written input
+        (returned by the custom op as a placeholder) that input, as written."""
+        if not self._aliased:
+            return results
+        results = list(results) if isinstance(results, tuple) else [results]
+        for output, argument in self._aliased:
+            results[output] = arguments[argument]
+        return tuple(results) if len(results) > 1 else results[0]
 
     def input_gradients(self, results: Any, present: Sequence[bool], needed: Sequence[bool]) -> list:
         """Per forward input: its gradient among the backward op's ``results``, or None (not
@@ -125,8 +170,11 @@ def derive_input(op: Op, name: str, tensors: dict[str, Any]) -> torch.Tensor:
             f"{entry.name}: input {name!r} was not given and the manifest gives no derive expression to compute it"
         )
     namespace: dict[str, Any] = {t.name: None for t in entry.inputs}
-    namespace.update(tensors, **op.params, torch=torch, F=F)
-    with torch.no_grad():
+    # Detached, the tensors record no history; grad stays enabled for an expression that
+    # differentiates a fresh graph of its own (a forward's saved gradients).
+    namespace.update({k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()})
+    namespace.update(op.params, torch=torch, F=F)
+    with torch.enable_grad():
         return evaluate(code, namespace)
 
 
@@ -161,7 +209,9 @@ class _Node(torch.autograd.Function):
         saved = wiring.complete_saved(op, inputs, outputs, saved)
         ctx.op = op
         ctx.present = [t is not None for t in inputs]
-        ctx.save_for_backward(*wiring.kept(inputs, outputs, saved))
+        kept, ctx.consumed = wiring.split_consumed(wiring.kept(inputs, outputs, saved))
+        ctx.save_for_backward(*kept)
+        ctx.call = call if wiring.consumes else None  # for a second backward, which computes them again
         return result
 
     @staticmethod
@@ -169,7 +219,10 @@ class _Node(torch.autograd.Function):
         op = ctx.op
         wiring = op.differentiation
         refuse_double_backward(type(op).__name__, wiring.backward.name)
-        results = op.backward_op(*wiring.backward_arguments(grads, ctx.saved_tensors))
+        consumed, ctx.consumed = ctx.consumed, None  # the node lets go of what the backward op writes
+        if consumed is None and wiring.consumes:  # retain_graph: a backward before this one had them
+            consumed = wiring.recompute_consumed(op, ctx.call)
+        results = op.backward_op(*wiring.backward_arguments(grads, wiring.join_consumed(ctx.saved_tensors, consumed or ())))
         return (None, None, *wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[2:]))
 
 
@@ -199,7 +252,7 @@ def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of)
         backward_op = op.backward_op
         custom = type(backward_op).__dict__["_custom_op"]
         n_exec = len(wiring.backward.exec_args)
-        results = custom(*arguments, *[None] * n_exec, backward_op.trace_key)
+        results = wiring.with_aliases(custom(*arguments, *[None] * n_exec, backward_op.trace_key), arguments)
         gradients = wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[:n_inputs])
         return (*gradients, *[None] * (len(ctx.needs_input_grad) - n_inputs))
 

@@ -143,6 +143,14 @@ def reference_error(
     return {"max_error": worst, "where": where, "atol": atol, "rtol": rtol, "within_tolerance": within}
 
 
+def _served_by(op_class: type, keys: list[str]) -> str:
+    """What computed a call: the keys of the implementations it ran, or the op's own torch code
+    for an op that calls no kernel interface."""
+    if not op_class.kernel_interfaces:
+        return "its own torch code"
+    return ", ".join(keys) or "-"
+
+
 def _error_text(error: dict[str, Any], outputs: int) -> str:
     where = f" ({error['where']})" if outputs > 1 and error["where"] else ""
     verdict = "within" if error["within_tolerance"] else "OUTSIDE"
@@ -211,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         first = entry.inputs[0].name
         print(
             f"  {call['op']:<24} {workload.name:<10} {first}{tuple(inputs[first].shape)} "
-            f"{report['dtype']}  target={op.target}  served by {', '.join(call['served_by']) or '-'}  "
+            f"{report['dtype']}  target={op.target}  served by {_served_by(op_class, call['served_by'])}  "
             f"{_error_text(error, len(entry.outputs) + len(reference_written))}"
         )
     outside = [call["op"] for call in report["calls"] if not call["reference_error"]["within_tolerance"]]

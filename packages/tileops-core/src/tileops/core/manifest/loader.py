@@ -421,9 +421,9 @@ def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outpu
 
 def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
     """How each forward's ``backward:`` fits its backward op's entry: the names of the
-    backward's inputs say what each receives, every saved statistic may be omitted (a target's
-    forward does not compute it), the gradients are its outputs and its params are the
-    forward's."""
+    backward's inputs say what each receives, every saved statistic can be had without the
+    forward's saving it (a target's forward does not compute it), the gradients are its outputs
+    and its params are the forward's."""
     for entry in entries.values():
         decl = entry.backward
         if decl is None:
@@ -446,10 +446,10 @@ def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
         for name in decl.saves:
             if name not in names:
                 raise where.at("saves").error(f"{name!r} is not an input of {decl.op}")
-            if not names[name].optional:
+            if not names[name].optional and names[name].derive is None:
                 raise where.at("saves").error(
-                    f"{decl.op}'s input {name!r} must be optional: a target's forward does not compute it, and the "
-                    "backward then computes it again"
+                    f"{decl.op}'s input {name!r} must be optional (the backward op computes it) or declare a derive "
+                    "expression (the autograd node computes it): a target's forward does not compute it"
                 )
         outputs = {t.name for t in backward.outputs}
         for name, target in decl.grads.items():

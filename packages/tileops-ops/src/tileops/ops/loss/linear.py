@@ -6,7 +6,9 @@ once. Each chunk runs the cross-entropy rows step (its rows' loss and lse); a di
 also runs the grad step in place over the chunk's logits (a unit loss gradient: 1 per row for
 'sum', 1 / count for 'mean') and accumulates the gradients of hidden_states (this chunk's rows), weight
 and bias by GEMM. They are saved as the backward op's ``grad_*`` inputs, and the backward
-multiplies them by the incoming gradient: the logits are computed once per training step.
+multiplies them in place by the incoming gradient: the logits are computed once per training
+step, and the weight's gradient exists once (a scaled copy would be a second weight-sized tensor
+beside the saved one, at the start of the backward pass, where a training step's memory peaks).
 
 Chunk size comes from memory: a chunk's logits take at most as much memory as the hidden states
 themselves (N x H elements: ``chunk_rows``), the extra memory a caller already pays for the
@@ -110,10 +112,14 @@ class LinearCrossEntropyFwdOp(_LinearLossOp):
 
 class LinearCrossEntropyBwdOp(_LinearLossOp):
     """Gradients of ``LinearCrossEntropyFwdOp``:
-    ``op(dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias) -> (dhidden, dweight, dbias)``."""
+    ``op(dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias) -> (dhidden, dweight, dbias)``,
+    the forward's unit gradients ``grad_*`` scaled by ``dloss`` in place and returned. A scale
+    is torch's elementwise multiply on every device: the op calls no kernel interface."""
+
+    kernel_interfaces = ()
 
     def forward(self, dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias):
-        if grad_hidden is None or grad_weight is None or grad_bias is None:
-            _, grad_hidden, grad_weight, grad_bias = self.chunks(hidden_states, weight, bias, target_ids, gradients=True)
         scale = dloss.to(compute_dtype(hidden_states.dtype))
-        return tuple((grad * scale).to(hidden_states.dtype) for grad in (grad_hidden, grad_weight, grad_bias))
+        for grad in (grad_hidden, grad_weight, grad_bias):
+            grad.mul_(scale)
+        return grad_hidden, grad_weight, grad_bias
