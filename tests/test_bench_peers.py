@@ -194,14 +194,15 @@ def test_the_norm_peer_table_is_well_formed_and_names_family_ops_only():
                 assert callable(adapter)
 
 
-def test_the_norm_peer_table_names_callables_liger_kernel_has():
-    pytest.importorskip("liger_kernel", reason=LIGER_REASON)
+@pytest.mark.parametrize("column, library", [("Liger", "liger_kernel"), ("quack", "quack")])
+def test_the_norm_peer_table_names_callables_each_library_has(column, library):
+    pytest.importorskip(library, reason=f"{library} is not installed (the bench extra: pip install 'tileops-ops[bench]')")
     _, table_ = _norm_peers()
     for columns in table_.values():
-        for where, _ in columns.values():
-            if where is not None:
-                module, _, attribute = where.partition(":")
-                assert hasattr(importlib.import_module(module), attribute), where
+        where, _ = columns[column]
+        if where is not None:
+            module, _, attribute = where.partition(":")
+            assert module.split(".")[0] == library and hasattr(importlib.import_module(module), attribute), where
 
 
 class _Recorder:
@@ -244,6 +245,34 @@ def test_the_liger_adapters_call_with_ligers_argument_order_and_refuse_what_it_c
 
     where, reason = table_["FusedAddLayerNormFwdOp"]["Liger"]
     assert where is None and reason == "has no fused add+LayerNorm"
+
+
+def test_the_quack_adapters_call_rmsnorm_as_quack_takes_it_and_refuse_what_it_cannot_take():
+    _, table_ = _norm_peers()
+    x, residual, weight = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    calls = []
+
+    def rmsnorm(x, weight=None, *, residual=None, eps=1e-6, prenorm=False):  # quack.rmsnorm's keywords
+        calls.append((residual is not None, eps, prenorm))
+        total = x if residual is None else x + residual
+        y = F.rms_norm(total, (x.shape[-1],), weight, eps)
+        return (y, total) if prenorm else y
+
+    where, rms = table_["RMSNormFwdOp"]["quack"]
+    assert where == "quack:rmsnorm"
+    torch.testing.assert_close(rms(rmsnorm, {"x": x, "weight": weight}, {"normalized_shape": [8], "eps": None})(),
+                               F.rms_norm(x, (8,), weight))
+    assert calls[-1] == (False, torch.finfo(torch.float32).eps, False)
+    assert rms(rmsnorm, {"x": x.view(3, 2, 4)}, {"normalized_shape": [2, 4], "eps": 1e-6}) == (
+        "normalizes over the last dimension only, not 2"
+    )
+    where, fused = table_["FusedAddRMSNormFwdOp"]["quack"]
+    assert where == "quack:rmsnorm"
+    y, total = fused(rmsnorm, {"x": x, "residual": residual}, {"normalized_shape": [8], "eps": 1e-6})()
+    torch.testing.assert_close(total, x + residual)
+    torch.testing.assert_close(y, F.rms_norm(x + residual, (8,), None, 1e-6))
+    assert calls[-1] == (True, 1e-6, True)
+    assert table_["LayerNormFwdOp"]["quack"][0] is None and table_["FusedAddLayerNormFwdOp"]["quack"][0] is None
 
 
 # -- one training row, end to end on CPU -----------------------------------------------------------

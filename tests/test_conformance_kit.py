@@ -32,7 +32,14 @@ from tileops.backend import (
     register_kernel_type,
 )
 from tileops.core import Op
-from tileops.ops import FAMILIES, FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.ops import (
+    FAMILIES,
+    FusedAddLayerNormFwdOp,
+    FusedAddRMSNormFwdOp,
+    LayerNormFwdOp,
+    LinearCrossEntropyBwdOp,
+    RMSNormFwdOp,
+)
 from tileops.ops.norm import RMSNormCall, RMSNormFwdInterface
 from tileops.testing import Check, KernelTypeConformance, TargetConformance
 from tileops_acme import builders as acme_builders
@@ -92,6 +99,10 @@ def build_count_check(target: str, op: type[Op]) -> str:
 
 
 def not_served_check(target: str, op: type[Op]) -> str:
+    """The check of an op the target does not serve: one that holds kernels of its own says so;
+    one without (its torch code is all it computes with) runs it."""
+    if not op.kernel_interfaces:
+        return f"{target}: {op.__name__} holds no kernels and runs its own torch code"
     return f"{target}: {op.__name__} is not served and says so"
 
 
@@ -438,12 +449,13 @@ def test_ops_a_target_does_not_serve_pass_the_not_served_checks(scoped_registry)
         register_kernel_builder(op=op.__name__, target="partial", build_kernel=ACME_BUILDERS[op])
     kit = small_kit("partial")
 
-    not_served = [check for check in kit.checks() if check.name.endswith("is not served and says so")]
+    not_served = [check for check in kit.checks() if check.name.endswith(("is not served and says so", "runs its own torch code"))]
 
     assert kit.served_ops() == [RMSNormFwdOp, LayerNormFwdOp]
     assert [check.name for check in not_served] == [  # every other op, in the order FAMILIES lists them
         not_served_check("partial", op) for ops in FAMILIES.values() for op in ops if op not in (RMSNormFwdOp, LayerNormFwdOp)
     ]
+    assert not_served_check("partial", LinearCrossEntropyBwdOp).endswith("runs its own torch code")
     assert not_served_check("partial", FusedAddLayerNormFwdOp) in [check.name for check in not_served]
     assert failures(run_checks(not_served)) == {}
 

@@ -318,6 +318,23 @@ def test_the_peer_table_names_family_ops_and_builds_liger_losses_with_the_ops_op
     adapter(FakeLoss, {"logits": logits, "target_ids": target_ids}, {"softcap": None})()
     assert built[2]["reduction"] == "none"
     hidden_states, weight = torch.randn(3, 4), torch.randn(5, 4)
+    calls = []
+
+    def quack_cross_entropy(logits, target_ids, *, ignore_index, reduction):  # quack's keywords
+        calls.append((target_ids.dtype, ignore_index, reduction))
+        return F.cross_entropy(logits, target_ids, ignore_index=ignore_index, reduction=reduction)
+
+    _, adapter = command_line.PEERS["CrossEntropyFwdOp"]["quack"]
+    plain = {"ignore_index": 1, "reduction": "sum"}
+    torch.testing.assert_close(adapter(quack_cross_entropy, {"logits": logits, "target_ids": target_ids}, plain)(),
+                               F.cross_entropy(logits, target_ids.long(), ignore_index=1, reduction="sum"))
+    assert calls[-1] == (torch.int64, 1, "sum")
+    assert adapter(quack_cross_entropy, {"logits": logits, "target_ids": target_ids}, params) == (
+        "has no label_smoothing, softcap"
+    )
+    _, adapter = command_line.PEERS["CrossEntropyPerRowFwdOp"]["quack"]
+    assert adapter(quack_cross_entropy, {"logits": logits, "target_ids": target_ids}, {})().shape == (3,)
+    assert calls[-1] == (torch.int64, -100, "none")
     _, adapter = command_line.PEERS["LinearCrossEntropyFwdOp"]["Liger"]
     called = adapter(FakeLoss, {"hidden_states": hidden_states, "weight": weight, "target_ids": target_ids}, params)()
     assert called[0] is weight and called[1] is hidden_states and called[3] is None  # Liger takes the weight first

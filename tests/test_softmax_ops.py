@@ -185,13 +185,32 @@ class _Recorder:
         return torch.softmax(args[0], -1)
 
 
+def test_the_quack_peer_takes_rows_of_the_last_dimension_and_gives_the_input_shape_back():
+    from tileops.ops.softmax import command_line
+
+    where, adapter = command_line.PEERS["SoftmaxFwdOp"]["quack"]
+    assert where == "quack:softmax"
+    assert command_line.PEERS["LogSoftmaxFwdOp"]["quack"] == (None, "has no log-softmax")
+    calls = []
+
+    def softmax(rows):  # quack's softmax takes (rows, n) only
+        calls.append(rows.shape)
+        assert rows.dim() == 2
+        return torch.softmax(rows, -1)
+
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(adapter(softmax, {"x": x}, {"row_dim": -1, "out_dtype": None})(), torch.softmax(x, -1))
+    assert calls == [(6, 8)]
+    assert adapter(softmax, {"x": x}, {"row_dim": 1, "out_dtype": None}) == "normalises over the last dimension only"
+
+
 def test_the_peer_table_names_family_ops_and_calls_liger_as_it_is_called():
     import importlib
 
     from tileops.ops.softmax import OPS, command_line
 
     assert set(command_line.PEERS) <= {op_class.__name__ for op_class in OPS}
-    (where, adapter), = command_line.PEERS["SoftmaxFwdOp"].values()
+    where, adapter = command_line.PEERS["SoftmaxFwdOp"]["Liger"]
     module, colon, attribute = where.partition(":")
     assert colon and module == "liger_kernel.ops.softmax" and attribute == "LigerSoftmaxFunction"
     assert command_line.PEERS["LogSoftmaxFwdOp"]["Liger"] == (None, "has no log-softmax")

@@ -111,8 +111,13 @@ class TargetConformance:
                 checks.append(Check(name, self._build_count_check(op_class, smallest)))
         if self.target != BUILTIN:
             for op_class in self.ops:
-                if op_class not in served:
+                if op_class in served:
+                    continue
+                if op_class.kernel_interfaces:
                     checks.append(Check(f"{self.target}: {op_class.__name__} is not served and says so", self._not_served_check(op_class)))
+                else:  # no kernels of its own to fall back to: its torch code runs on the target's device
+                    name = f"{self.target}: {op_class.__name__} holds no kernels and runs its own torch code"
+                    checks.append(Check(name, self._own_code_check(op_class)))
         return checks
 
     def _op(self, op_class: type[Op], workload: Workload) -> Op:
@@ -144,6 +149,12 @@ class TargetConformance:
             check_workload(op, resize_batch(entry, workload, first[0] + 1), dtype, self.device)
             builds = _builds(op, self.target)
             assert builds == 2, f"{op_class.__name__}: a new input shape should build once more, builds: {builds}"
+        return run
+
+    def _own_code_check(self, op_class) -> Callable[[], None]:
+        def run() -> None:
+            workload = smallest_workload(op_class)
+            check_workload(self._op(op_class, workload), workload, workload.dtypes[0], self.device)
         return run
 
     def _not_served_check(self, op_class) -> Callable[[], None]:

@@ -27,9 +27,13 @@ OMIT_FLAGS = {"--no-bias": "bias"}
 # Their forward writes the gradient of the logits into the logits' memory (Liger's in-place
 # design), which changes the values the peer reads on the next repetition but not the bytes it
 # moves.
+#
+# quack's ``cross_entropy`` (``quack-kernels``) takes (rows, classes) logits, ignore_index and the
+# reduction, and returns the loss alone; it has no label smoothing, z-loss or soft-capping.
 
 LIGER_CROSS_ENTROPY = "liger_kernel.transformers:LigerCrossEntropyLoss"
 LIGER_LINEAR_CROSS_ENTROPY = "liger_kernel.transformers:LigerFusedLinearCrossEntropyLoss"
+QUACK_CROSS_ENTROPY = "quack:cross_entropy"
 
 
 def _options(params, reduction):
@@ -60,8 +64,36 @@ def _liger_linear_cross_entropy(module, inputs, params):
     return lambda: loss(weight, hidden_states, target_ids, bias)
 
 
+def _quack_options_refusal(params) -> str | None:
+    taken = {"label_smoothing": 0.0, "lse_square_scale": 0.0, "softcap": None}
+    given = [name for name, default in taken.items() if params.get(name, default) != default]
+    return f"has no {', '.join(given)}" if given else None
+
+
+def _quack_cross_entropy(function, inputs, params, reduction):
+    logits, target_ids = inputs["logits"], inputs["target_ids"].long()
+    ignore_index = params.get("ignore_index", -100)
+    return _quack_options_refusal(params) or (
+        lambda: function(logits, target_ids, ignore_index=ignore_index, reduction=reduction)
+    )
+
+
+def _quack_reduced_cross_entropy(function, inputs, params):
+    return _quack_cross_entropy(function, inputs, params, params.get("reduction", "mean"))
+
+
+def _quack_per_row_cross_entropy(function, inputs, params):
+    return _quack_cross_entropy(function, inputs, params, "none")
+
+
 PEERS = {
-    "CrossEntropyFwdOp": {"Liger": (LIGER_CROSS_ENTROPY, _liger_cross_entropy)},
-    "CrossEntropyPerRowFwdOp": {"Liger": (LIGER_CROSS_ENTROPY, _liger_per_row_cross_entropy)},
+    "CrossEntropyFwdOp": {
+        "Liger": (LIGER_CROSS_ENTROPY, _liger_cross_entropy),
+        "quack": (QUACK_CROSS_ENTROPY, _quack_reduced_cross_entropy),
+    },
+    "CrossEntropyPerRowFwdOp": {
+        "Liger": (LIGER_CROSS_ENTROPY, _liger_per_row_cross_entropy),
+        "quack": (QUACK_CROSS_ENTROPY, _quack_per_row_cross_entropy),
+    },
     "LinearCrossEntropyFwdOp": {"Liger": (LIGER_LINEAR_CROSS_ENTROPY, _liger_linear_cross_entropy)},
 }

@@ -23,9 +23,14 @@ OMIT_FLAGS = {"--no-weight": "weight", "--no-bias": "bias"}
 # library has no such op; the adapter is then the reason. Liger-Kernel's functions normalize
 # over the last dimension only and take the statistics' dtype from their own casting mode.
 
+# quack (``quack-kernels``, CuTe-DSL kernels for Hopper and Blackwell) exports ``rmsnorm``:
+# differentiable, over the last dimension, the residual added first where given (``prenorm=True``
+# returns the normalized sum and the sum); its LayerNorm is a forward function only.
+
 LIGER_RMS_NORM = "liger_kernel.ops.rms_norm:LigerRMSNormFunction"
 LIGER_LAYER_NORM = "liger_kernel.ops.layer_norm:LigerLayerNormFunction"
 LIGER_FUSED_ADD_RMS_NORM = "liger_kernel.ops.fused_add_rms_norm:LigerFusedAddRMSNormFunction"
+QUACK_RMS_NORM = "quack:rmsnorm"
 
 
 def _last_dimension_only(normalized_shape) -> str | None:
@@ -72,11 +77,26 @@ def _liger_fused_add_rms_norm(function, inputs, params):
     return lambda: function.apply(x, residual, weight, eps, 0.0, "llama", False)
 
 
+def _quack_rms_norm(function, inputs, params):
+    """quack's rmsnorm as RMSNormFwdOp, or (given a residual) as FusedAddRMSNormFwdOp."""
+    reason = _last_dimension_only(params["normalized_shape"])
+    if reason:
+        return reason
+    x, weight = inputs["x"], inputs.get("weight")
+    keywords = {"eps": _rms_eps(x, params.get("eps"))}
+    if "residual" in inputs:
+        keywords.update(residual=inputs["residual"], prenorm=True)
+    return lambda: function(x, weight, **keywords)
+
+
 PEERS = {
-    "RMSNormFwdOp": {"Liger": (LIGER_RMS_NORM, _liger_rms_norm)},
-    "LayerNormFwdOp": {"Liger": (LIGER_LAYER_NORM, _liger_layer_norm)},
-    "FusedAddRMSNormFwdOp": {"Liger": (LIGER_FUSED_ADD_RMS_NORM, _liger_fused_add_rms_norm)},
-    "FusedAddLayerNormFwdOp": {"Liger": (None, "has no fused add+LayerNorm")},
+    "RMSNormFwdOp": {"Liger": (LIGER_RMS_NORM, _liger_rms_norm), "quack": (QUACK_RMS_NORM, _quack_rms_norm)},
+    "LayerNormFwdOp": {"Liger": (LIGER_LAYER_NORM, _liger_layer_norm), "quack": (None, "has no differentiable LayerNorm")},
+    "FusedAddRMSNormFwdOp": {
+        "Liger": (LIGER_FUSED_ADD_RMS_NORM, _liger_fused_add_rms_norm),
+        "quack": (QUACK_RMS_NORM, _quack_rms_norm),
+    },
+    "FusedAddLayerNormFwdOp": {"Liger": (None, "has no fused add+LayerNorm"), "quack": (None, "has no fused add+LayerNorm")},
 }
 
 

@@ -20,19 +20,33 @@ OMIT_FLAGS: dict[str, str] = {}
 # before its multi-block kernels refuse rows over 65536 elements (Triton's largest block), and
 # the table then shows the cell refused with Liger's own message. It has no log-softmax.
 
+# quack's ``softmax`` (``quack-kernels``) is differentiable, over the last dimension of a 2-D
+# input in its dtype; it has no log-softmax.
+
 LIGER_SOFTMAX = "liger_kernel.ops.softmax:LigerSoftmaxFunction"
+QUACK_SOFTMAX = "quack:softmax"
 
 
-def _liger_softmax(function, inputs, params):
-    x = inputs["x"]
+def _last_dimension_refusal(x, params) -> str | None:
     if params.get("row_dim", -1) not in (-1, x.dim() - 1):
         return "normalises over the last dimension only"
     if params.get("out_dtype") not in (None, x.dtype):
         return "returns the input's dtype only"
-    return lambda: function.apply(x)
+    return None
+
+
+def _liger_softmax(function, inputs, params):
+    x = inputs["x"]
+    return _last_dimension_refusal(x, params) or (lambda: function.apply(x))
+
+
+def _quack_softmax(function, inputs, params):
+    x = inputs["x"]
+    rows = x.reshape(-1, x.shape[-1])  # quack takes (rows, n); a view of the contiguous input
+    return _last_dimension_refusal(x, params) or (lambda: function(rows).view(x.shape))
 
 
 PEERS = {
-    "SoftmaxFwdOp": {"Liger": (LIGER_SOFTMAX, _liger_softmax)},
-    "LogSoftmaxFwdOp": {"Liger": (None, "has no log-softmax")},
+    "SoftmaxFwdOp": {"Liger": (LIGER_SOFTMAX, _liger_softmax), "quack": (QUACK_SOFTMAX, _quack_softmax)},
+    "LogSoftmaxFwdOp": {"Liger": (None, "has no log-softmax"), "quack": (None, "has no log-softmax")},
 }
