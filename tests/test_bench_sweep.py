@@ -59,7 +59,11 @@ def test_200_draws_cover_every_op_dtype_rank_optional_input_choice_and_strided_c
         assert {str(c.dtype).removeprefix("torch.") for c in of_op} == set(space.dtypes), name
         assert {len(c.shape) for c in of_op} == set(space.ranks), name
         assert {c.omitted for c in of_op} == set(space.omit), name
-        assert any(c.strided for c in of_op) and any(not c.strided for c in of_op), name
+        views = {t.name for t in space.op_class.manifest_entry().inputs} & set(space.strided_inputs)
+        if views and space.strided_share:
+            assert any(c.strided for c in of_op) and any(not c.strided for c in of_op), name
+        else:
+            assert not any(c.strided for c in of_op), name
         for param, values in space.params.items():
             assert {c.workload.params[param] for c in of_op} == set(values), (name, param)
     rows = [math.prod(c.shape[:-1]) for c in drawn]
@@ -67,13 +71,38 @@ def test_200_draws_cover_every_op_dtype_rank_optional_input_choice_and_strided_c
     assert any(r % 2 for r in rows if r > 64)
 
 
+def _family_spaces(spaces, family):
+    from tileops.ops import FAMILIES
+
+    return {name: space for name, space in spaces.items() if space.op_class in FAMILIES[family]}
+
+
 def test_the_norm_family_declares_the_widths_users_have(spaces):
     from tileops.ops.norm import command_line
 
     widths = set(command_line.HIDDEN_SIZES) | set(command_line.HEAD_SIZES)
     assert {768, 4096, 5120, 7168, 18432, 64, 128, 256} <= widths
-    assert set().union(*(set(space.widths) for space in spaces.values())) == widths
-    assert set(spaces) == {"RMSNormFwdOp", "LayerNormFwdOp", "FusedAddRMSNormFwdOp", "FusedAddLayerNormFwdOp"}
+    norm = _family_spaces(spaces, "norm")
+    assert set().union(*(set(space.widths) for space in norm.values())) == widths
+    assert set(norm) == {"RMSNormFwdOp", "LayerNormFwdOp", "FusedAddRMSNormFwdOp", "FusedAddLayerNormFwdOp"}
+
+
+def test_the_activation_softmax_and_loss_families_declare_the_sizes_models_have(spaces):
+    from tileops.ops.activation import command_line as activation
+    from tileops.ops.loss import command_line as loss
+    from tileops.ops.softmax import command_line as softmax
+
+    # Llama 3 8B / Mistral 7B, Qwen2.5 7B, Llama 3 70B, Llama 2 7B and BERT's intermediate sizes.
+    assert {14336, 18944, 28672, 11008, 3072} <= set(activation.INTERMEDIATE_SIZES)
+    # Llama 3, Qwen2, Gemma and GPT-2's vocabularies (50257: no 16-byte access divides its rows).
+    assert {128256, 151936, 256000, 50257, 32000} <= set(loss.VOCABULARY_SIZES)
+    assert {50257, 128256, 262144, 1024} <= set(softmax.ROW_LENGTHS)
+    assert len(_family_spaces(spaces, "activation")) == 6 and len(_family_spaces(spaces, "softmax")) == 2
+    assert set(_family_spaces(spaces, "loss")) == {"CrossEntropyFwdOp", "CrossEntropyPerRowFwdOp"}
+    # The packed forms take [gate | up]: twice an intermediate size wide, d its half.
+    packed = [c for c in sweep.draw(60, 3, spaces, ("bfloat16",)) if c.op_class.__name__.startswith("Packed")]
+    assert packed and all(c.workload.params["d"] * 2 == c.shape[-1] and c.workload.params["d"] in activation.INTERMEDIATE_SIZES
+                          for c in packed)
 
 
 def test_every_drawn_call_fits_the_cap_and_the_ops_signature(spaces, calls):
@@ -115,6 +144,10 @@ def test_a_declaration_naming_what_the_op_does_not_have_is_refused(spaces):
         sweep.spaces({"norm": {**good, "ops": {"NoSuchOp": {}}}})
     with pytest.raises(ValueError, match="params the op does not have"):
         sweep.spaces({"norm": {**good, "ops": {"RMSNormFwdOp": {"params": {"alpha": {1: 1}}}}}})
+    with pytest.raises(ValueError, match="derives params the op does not have"):
+        sweep.spaces({"activation": {**good, "ops": {"SiLUFwdOp": {"width_params": {"d": 2}}}}})
+    with pytest.raises(ValueError, match=r"widths \[63\] are not multiples of 2"):
+        sweep.spaces({"activation": {**good, "ops": {"PackedSwiGLUFwdOp": {"widths": {63: 1, 64: 1}, "width_params": {"d": 2}}}}})
 
 
 def test_strided_calls_reach_the_bench_as_row_views_of_their_own_workload_only(calls):
@@ -138,7 +171,7 @@ def test_strided_calls_reach_the_bench_as_row_views_of_their_own_workload_only(c
 # -- one strided training call, end to end on CPU -------------------------------------------------
 
 def test_a_strided_training_call_is_timed_end_to_end(cpu_training, calls):
-    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 14)
+    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 19)
     rows = sweep.time_call(call, backward=True, with_compile=False, tune=False, others=None)
     assert [r.mode for r in rows] == ["forward+backward", "backward"]
     assert all(r.ours_error is None and r.ours_us == 1.0 and r.workload == call.workload.name for r in rows), rows
@@ -315,7 +348,7 @@ def test_a_strided_forward_call_reaches_every_side_as_row_views(monkeypatch, cal
         seen.append({name: tensor.is_contiguous() for name, tensor in inputs.items()})
         return lambda: inputs[next(iter(inputs))] * 1
 
-    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 14)
+    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 19)
     spy = Peers({"fake": {call.op_class.__name__: {"Spy": ("spy:F", adapter)}}}, importer=lambda name: type("M", (), {"F": 1}))
     (row,) = sweep.time_call(call, backward=False, with_compile=False, tune=False, others=spy)
     assert row.ours_error is None and row.ours_us == row.eager_us == row.peers["Spy"] == 1.0, row

@@ -18,7 +18,9 @@ by name. ``SWEEP`` is a dict:
   views, the first half of each row of a tensor twice as wide (the table's ``strided``; a call
   of one row is not strided, its view being contiguous).
 - ``ops``: {op class name: {"widths": (as above, instead of the family's), "omit": {tuple of
-  optional inputs left out: odds}, "params": {param: {value: odds}}}}.
+  optional inputs left out: odds}, "params": {param: {value: odds}}, "width_params": {param:
+  divisor}}}: a param of ``width_params`` is the drawn width divided by its divisor (the packed
+  activations' ``d``, half of x's last dimension); the op's widths must be multiples of it.
 
 Every choice from a small set (the op; then per op the dtype, the rank, the inputs left out,
 each param, strided or not) is allocated: each value gets its share of the draws by its odds,
@@ -71,6 +73,7 @@ class Space:
     strided_inputs: tuple[str, ...]
     omit: Mapping[tuple[str, ...], float]
     params: Mapping[str, Mapping[Any, float]]
+    width_params: Mapping[str, int]
     max_bytes: int
 
 
@@ -144,10 +147,18 @@ def _space(family: str, op_class: type, sweep: Mapping[str, Any], own: Mapping[s
     declared = {p.name for p in entry.params}
     if not set(own.get("params", {})) <= declared:
         raise ValueError(f"{where} draws params the op does not have: {sorted(set(own['params']) - declared)}")
+    widths = own.get("widths", sweep["widths"])
+    width_params = own.get("width_params", {})
+    if not set(width_params) <= declared:
+        raise ValueError(f"{where} derives params the op does not have: {sorted(set(width_params) - declared)}")
+    for param, divisor in width_params.items():
+        uneven = sorted(width for width in widths if width % divisor)
+        if uneven:
+            raise ValueError(f"{where} derives {param} as the width / {divisor}, but widths {uneven} are not multiples of {divisor}")
     strided = sweep.get("strided", {})
     return Space(
         op_class=op_class,
-        widths=own.get("widths", sweep["widths"]),
+        widths=widths,
         rows=sweep["rows"],
         ranks=sweep["ranks"],
         dtypes=sweep["dtypes"],
@@ -155,6 +166,7 @@ def _space(family: str, op_class: type, sweep: Mapping[str, Any], own: Mapping[s
         strided_inputs=tuple(strided.get("inputs", ())),
         omit=omit,
         params=own.get("params", {}),
+        width_params=width_params,
         max_bytes=sweep.get("max_bytes", MAX_BYTES),
     )
 
@@ -232,6 +244,7 @@ def _draft(rng: random.Random, space: Space, chosen: dict[str, Any]) -> tuple:
         count = log_uniform(rng, low, max(low, min(int(rows["high"]), cap)))
     shape = (*spread(rng, count, chosen["rank"] - 1), width)
     params = {key.removeprefix("param:"): value for key, value in chosen.items() if key.startswith("param:")}
+    params.update({param: width // divisor for param, divisor in space.width_params.items()})
     return space, shape, dtype, tuple(chosen["omit"]), chosen["strided"], params
 
 

@@ -48,3 +48,36 @@ PEERS = {
     "GeGLUFwdOp": {"Liger": (LIGER_GEGLU, _liger_geglu)},
     "PackedGeGLUFwdOp": {"Liger": (None, "has no packed GeGLU")},
 }
+
+
+# -- the shape sweep: the calls ``tileops bench --sweep`` draws (``tileops.cli.sweep`` says how) --
+#
+# The MLP activations of published models: the intermediate sizes of gated MLPs (Qwen2.5 0.5B
+# to 72B, TinyLlama, Llama 2 and 3, Mistral, Gemma 1 and 2) and of GELU MLPs (BERT, GPT-J),
+# none of them a power of two but a few; decode rows (1-64) for about a third of the calls and
+# 65 to 16384 tokens otherwise, 2-D or (batch, sequence, width) inputs, the three dtypes, both
+# GELU forms. A fifth of the calls take row views (gate and up sliced from a fused gate-up
+# projection's output, as a model that keeps one weight for both computes them; the op copies
+# such inputs). The packed forms take the fused output itself: [gate | up], twice as wide.
+
+INTERMEDIATE_SIZES = (3072, 4096, 4864, 5632, 8192, 8960, 9216, 11008, 13824, 14336, 16384, 18944, 24576, 27648, 28672,
+                      29568, 36864)
+
+_GELU_FORMS = {"approximate": {"none": 1, "tanh": 1}}
+_PACKED = {"widths": {2 * size: 1 for size in INTERMEDIATE_SIZES}, "width_params": {"d": 2}}
+
+SWEEP = {
+    "widths": {size: 1 for size in INTERMEDIATE_SIZES},
+    "rows": {"low": 65, "high": 16384, "decode": 64, "decode_share": 0.35},
+    "ranks": {2: 2, 3: 1},
+    "dtypes": {"bfloat16": 2, "float16": 1, "float32": 1},
+    "strided": {"share": 0.2, "inputs": ("x", "gate", "up")},
+    "ops": {
+        "SiLUFwdOp": {},
+        "GELUFwdOp": {"params": _GELU_FORMS},
+        "SwiGLUFwdOp": {},
+        "GeGLUFwdOp": {"params": _GELU_FORMS},
+        "PackedSwiGLUFwdOp": _PACKED,
+        "PackedGeGLUFwdOp": {**_PACKED, "params": _GELU_FORMS},
+    },
+}

@@ -97,3 +97,28 @@ PEERS = {
     },
     "LinearCrossEntropyFwdOp": {"Liger": (LIGER_LINEAR_CROSS_ENTROPY, _liger_linear_cross_entropy)},
 }
+
+
+# -- the shape sweep: the calls ``tileops bench --sweep`` draws (``tileops.cli.sweep`` says how) --
+#
+# The vocabularies of published models (Llama 2 and 3, Mistral, Phi-3, GPT-2's odd 50257 and its
+# padded 50304, Qwen, DeepSeek, Gemma's 256000) at 256 to 16384 tokens, a tenth of the calls
+# on 1 to 64 (evaluation, reinforcement-learning rollouts), each call's logits at most 1 GiB;
+# the options models train with (label smoothing, z-loss, Gemma 2's soft-capping) on a quarter
+# of the calls each, mean and sum reductions.
+
+VOCABULARY_SIZES = (32000, 32064, 32768, 49152, 50257, 50304, 65536, 100352, 102400, 128256, 151936, 152064, 256000)
+
+_OPTIONS = {"label_smoothing": {0.0: 3, 0.1: 1}, "lse_square_scale": {0.0: 3, 1e-4: 1}, "softcap": {None: 3, 30.0: 1}}
+
+SWEEP = {
+    "widths": {size: 1 for size in VOCABULARY_SIZES},
+    "rows": {"low": 256, "high": 16384, "decode": 64, "decode_share": 0.1},
+    "ranks": {2: 1},
+    "dtypes": {"bfloat16": 3, "float16": 1, "float32": 1},
+    "max_bytes": 1 << 30,
+    "ops": {
+        "CrossEntropyFwdOp": {"params": {**_OPTIONS, "reduction": {"mean": 3, "sum": 1}}},
+        "CrossEntropyPerRowFwdOp": {"params": _OPTIONS},
+    },
+}

@@ -50,3 +50,22 @@ PEERS = {
     "SoftmaxFwdOp": {"Liger": (LIGER_SOFTMAX, _liger_softmax), "quack": (QUACK_SOFTMAX, _quack_softmax)},
     "LogSoftmaxFwdOp": {"Liger": (None, "has no log-softmax"), "quack": (None, "has no log-softmax")},
 }
+
+
+# -- the shape sweep: the calls ``tileops bench --sweep`` draws (``tileops.cli.sweep`` says how) --
+#
+# The rows users take a softmax of: class scores (1000), attention rows (1k-16k keys, 4-D
+# (batch, heads, queries, keys) inputs among them) and vocabularies (32000 to 262144, GPT-2's odd
+# 50257 included, which no 16-byte access divides); decode calls (1-64 rows) for about a
+# third, 16 to 16384 rows otherwise; each call's x at most 512 MiB.
+
+ROW_LENGTHS = (1000, 1024, 2048, 4096, 8192, 16384, 32000, 32064, 32768, 50257, 65536, 128256, 131072, 151936, 262144)
+
+SWEEP = {
+    "widths": {length: 1 for length in ROW_LENGTHS},
+    "rows": {"low": 16, "high": 16384, "decode": 64, "decode_share": 0.3},
+    "ranks": {2: 3, 3: 1, 4: 1},
+    "dtypes": {"bfloat16": 2, "float16": 1, "float32": 1},
+    "max_bytes": 512 << 20,
+    "ops": {"SoftmaxFwdOp": {}, "LogSoftmaxFwdOp": {}},
+}
