@@ -113,6 +113,22 @@ def test_masked_entries_and_fully_masked_rows_as_torch(op_class, function, n, ro
     assert y[1].isnan().all() and not y[0].isnan().any()
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("n", [4096, 32000])
+def test_every_register_tuning_candidate_computes_the_rows_as_torch(n, log):
+    # request_tune may choose any candidate, half-width ones without kept exponentials included.
+    from tileops.kernels.cuda.device import compile_target
+    from tileops.kernels.cuda.softmax import policy, programs
+
+    x = torch.randn(300, n, device="cuda", dtype=torch.bfloat16) * 4
+    expected = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+    target = compile_target(x.device)
+    for config in policy.tuning_candidates("register", n, torch.bfloat16, True):
+        y = torch.empty_like(x)
+        programs.compile_program("forward", n, torch.bfloat16, torch.bfloat16, log, target, **config)(x, y)
+        torch.testing.assert_close(y.double(), expected, atol=1e-3 if not log else 3e-2, rtol=1.6e-2, msg=lambda m, config=config: f"{config}: {m}")
+
+
 def test_compiled_training_matches_eager():
     x = torch.randn(64, 32000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     op = SoftmaxFwdOp(out_dtype=torch.float32)

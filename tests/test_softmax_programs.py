@@ -43,6 +43,15 @@ def test_a_register_thread_holds_at_most_32_elements_and_blocks_have_128_threads
     assert config["vec"] == (16 // dtype.itemsize if aligned else 1)
 
 
+def test_tuning_tries_half_the_threads_of_a_full_width_register_row_without_kept_exponentials():
+    default, *others = policy.tuning_candidates("register", 32000, torch.bfloat16, True)
+    assert default == policy.launch_config("register", 32000, torch.bfloat16, True) and default["threads"] == 1024
+    half = [c for c in others if c["threads"] == 512]
+    assert half == [{**default, "threads": 512, "keep": False}]  # 64 elements a thread: no room to keep exponentials
+    # Where half the threads still hold at most 32 elements each (float32: 16 a thread by default), they keep them.
+    assert all("keep" not in c for c in policy.tuning_candidates("register", 4096, torch.float32, True))
+
+
 def test_the_split_build_gives_one_row_about_two_blocks_per_sm_in_chunks_of_16_kib():
     config = policy.launch_config("streamed", 262144, torch.bfloat16, True)
     assert policy.split_config(262144, torch.bfloat16, config, 132)["chunks"] == 32  # 512 KiB / 16 KiB
@@ -147,6 +156,7 @@ for name, kind, n, dtype, out_dtype, log, config in [
     ("register", "forward", 4096, bf16, f32, False, policy.launch_config("register", 4096, bf16, True)),
     ("register-scalar", "forward", 1001, f16, f16, True, policy.launch_config("register", 1001, f16, False)),
     ("register-bwd", "backward", 32000, bf16, bf16, False, policy.launch_config("register", 32000, bf16, True)),
+    ("register-recomputed", "forward", 32000, bf16, bf16, False, policy.tuning_candidates("register", 32000, bf16, True)[1]),
     ("streamed", "forward", 262144, bf16, bf16, True, streamed),
     ("split-partial", "forward", 262144, bf16, bf16, False, {**split, "phase": "partial"}),
     ("split-finish", "forward", 262144, bf16, bf16, False, {**split, "phase": "finish"}),
@@ -168,6 +178,7 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
         ["register", "True", "0", "True", "False"],
         ["register-scalar", "False", "0", "True", "True"],
         ["register-bwd", "True", "0", "False", "False"],
+        ["register-recomputed", "True", "0", "True", "False"],
         ["streamed", "True", "2", "True", "True"],
         ["split-partial", "False", "1", "True", "False"],  # writes only its (max, sum): no vector store
         ["split-finish", "True", "1", "True", "False"],

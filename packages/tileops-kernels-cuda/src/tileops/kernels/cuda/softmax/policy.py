@@ -106,16 +106,27 @@ def split_config(n: int, dtype: torch.dtype, config: dict[str, Any], sm_count: i
 
 def tuning_candidates(variant: str, n: int, dtype: torch.dtype, aligned: bool) -> list[dict[str, Any]]:
     """Main-build configurations worth timing, the default first: half and twice the threads
-    per row (register), or 512 threads and other unrolls (streamed)."""
+    per row (register), or 512 threads and other unrolls (streamed).
+
+    Half the threads of a register row hold twice the elements each; past 32 (a 16-bit row's
+    default is four 16-byte accesses, 32 elements, a thread) that fits only without the kept
+    exponentials (``keep=False``). For the longest rows (1024 threads of 32 elements) two such
+    blocks may then share an SM (ptxas: 56 registers a thread, no spill, at 32000 bfloat16, as
+    the default's), one loading its row while the other computes, where one
+    1024-thread block per SM cannot overlap them (4096 rows of 32000 bfloat16 elements ran at 71 %
+    of the copy bandwidth that way, 175 us on an H200). Not measured yet: a candidate."""
     default = launch_config(variant, n, dtype, aligned)
     candidates = [default]
     if variant == "register":
         tpr = default["threads"] // default["rows"]
         for threads_per_row in (tpr // 2, tpr * 2):
             held = math.ceil(n / default["vec"] / max(1, threads_per_row)) * default["vec"]  # elements per thread
-            if 1 <= threads_per_row <= programs.MAX_THREADS and held <= _MAX_ELEMENTS_PER_THREAD:
+            if 1 <= threads_per_row <= programs.MAX_THREADS and held <= 2 * _MAX_ELEMENTS_PER_THREAD:
                 rows = max(1, _MIN_BLOCK_THREADS // threads_per_row)
-                candidates.append({**default, "threads": threads_per_row * rows, "rows": rows})
+                candidate = {**default, "threads": threads_per_row * rows, "rows": rows}
+                if held > _MAX_ELEMENTS_PER_THREAD:
+                    candidate["keep"] = False
+                candidates.append(candidate)
     else:
         for threads, unroll in ((512, 4), (1024, 2), (512, 8)):
             candidates.append({**default, "threads": threads, "unroll": unroll})

@@ -75,13 +75,16 @@ def make_program(
     chunks: int = 1,
     phase: str = "whole",
     cache_priorities: bool = True,
+    keep: bool = True,
 ):
     """The TileLang PrimFunc of one configuration (see the module and ``policy.launch_config``).
 
     threads: threads per block; rows (register): rows per block, each of ``threads // rows``
     threads (a power of two); unroll (streamed): accesses in flight per thread and step;
     chunks (streamed): chunks per row of the split phases; cache_priorities: whether the streamed
-    passes may load with eviction priorities (PTX of sm_80 and later).
+    passes may load with eviction priorities (PTX of sm_80 and later); keep (register softmax
+    forward): whether a thread keeps each float32 exponential for the write, or computes it
+    again there (half the registers per element: room for twice the elements per thread).
     """
     if kind not in KINDS or variant not in VARIANTS or phase not in PHASES:
         raise ValueError(f"unknown kind {kind!r}, variant {variant!r} or phase {phase!r}")
@@ -190,26 +193,27 @@ def make_program(
                     # Softmax keeps each exponential for the write instead of computing it again
                     # (log-softmax writes v - shift - log(sum) and needs none): 43 -> 56 registers at
                     # 32000 bf16, still one 1024-thread block per SM. Measured only together with exp2.
-                    kept = T.alloc_local((1 if log else iters * vec,), f32)
+                    keeps = keep and not log
+                    kept = T.alloc_local((iters * vec if keeps else 1,), f32)
                     stat[1] = T.float32(0.0)
                     for it in T.unroll(iters):
                         if it * tpr + lane < nv:
                             for v in T.unroll(vec):
-                                if log:
-                                    stat[1] = stat[1] + exp(value(buf[it * vec + v]) - shift_of(stat[0]))
-                                else:
+                                if keeps:
                                     kept[it * vec + v] = exp(value(buf[it * vec + v]) - shift_of(stat[0]))
                                     stat[1] = stat[1] + kept[it * vec + v]
+                                else:
+                                    stat[1] = stat[1] + exp(value(buf[it * vec + v]) - shift_of(stat[0]))
                     reduce(stat, 1, False, red, tx)
                     finish_statistics(stat)
                     if row < m:
                         for it in T.unroll(iters):
                             if it * tpr + lane < nv:
                                 for v in T.unroll(vec):
-                                    if log:
-                                        out[v] = T.cast(forward_value(value(buf[it * vec + v]), stat), odt)
-                                    else:
+                                    if keeps:
                                         out[v] = T.cast(kept[it * vec + v] * stat[2], odt)
+                                    else:
+                                        out[v] = T.cast(forward_value(value(buf[it * vec + v]), stat), odt)
                                 for v in lanes(vec):
                                     y[row, (it * tpr + lane) * vec + v] = out[v]
 
