@@ -44,7 +44,10 @@ _SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2 / pi)
 _TANH_CUBIC = 0.044715
 #: exp(-g) is computed as exp2(g * -log2(e)): one multiply and the hardware's exp2, where CUDA's
 #: precise expf spends about ten instructions; at 16 elements per thread and access the
-#: arithmetic is a large part of a memory-bound kernel's issue slots.
+#: arithmetic is a large part of a memory-bound kernel's issue slots. The sigmoid's 1 / (1 + e)
+#: is the hardware's approximate reciprocal (``fast_rcp``, within 1 ulp; Triton's default float
+#: division is approximate too), not the IEEE division's instruction sequence; not measured
+#: on its own yet.
 _MINUS_LOG2E = -1.4426950408889634
 
 
@@ -60,11 +63,14 @@ def _functions(activation: str):
 
     if activation == "silu":
 
+        def sigmoid(g):
+            return T.fast_rcp(1.0 + T.exp2(g * _MINUS_LOG2E))
+
         def act(g):
-            return g / (1.0 + T.exp2(g * _MINUS_LOG2E))
+            return g * sigmoid(g)
 
         def both(g):
-            s = 1.0 / (1.0 + T.exp2(g * _MINUS_LOG2E))
+            s = sigmoid(g)
             return g * s, s * (1.0 + g * (1.0 - s))
 
     elif activation == "gelu":
