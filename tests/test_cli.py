@@ -671,6 +671,11 @@ def test_overhead_times_an_op_whose_first_workload_is_large_on_a_small_one(capsy
     assert figures["calls"] == 5 and 1 <= figures["torch_calls"] <= 5  # never more than asked
 
 
+def test_overhead_of_an_op_without_kernels_says_there_is_nothing_to_separate(capsys):
+    code, out = run_cli(capsys, "overhead", "LinearCrossEntropyBwdOp")
+    assert code == 2 and "LinearCrossEntropyBwdOp holds no kernels: its forward is its own torch code" in out
+
+
 def test_check_reports_a_registration_for_an_op_name_no_class_has(capsys, scoped_registry):
     from tileops.backend import Kernel, register_kernel_type
     from tileops.ops.norm import RMSNormFwdInterface

@@ -99,6 +99,11 @@ def _torch_function(entry: OpEntry, params: dict):
 
 def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS) -> dict[str, float]:
     op_class = call_flags.op_class_named(op_name) if op_name else next(iter(call_flags.op_classes().values()))
+    if not op_class.kernel_interfaces:
+        raise UsageError(
+            f"{op_class.__name__} holds no kernels: its forward is its own torch code, with no kernel to tell the op "
+            "layer apart from"
+        )
     entry = op_class.manifest_entry()
     small = [w for w in entry.workloads if workload_elements(w) <= MAX_ELEMENTS]
     workload = small[0] if small else smallest_workload(op_class)
