@@ -258,6 +258,8 @@ def _text(report: dict[str, Any]) -> list[str]:
         lines.append("result:       the call raises the target's error above")
     elif target["name"] != BUILTIN:
         lines.append(f"result:       served by target {target['name']}")
+    elif not report["interfaces"]:
+        lines.append("result:       computed by the op's own torch code (it calls no kernel interface)")
     elif report["served"]:
         served = ", ".join(
             f"{i['interface']} by {i['selected']}"

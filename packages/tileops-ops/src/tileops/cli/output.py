@@ -42,13 +42,18 @@ def device_argument(text: str):
 
 def shape_argument(text: str) -> tuple[int, ...]:
     """A shape as the command line spells it, sizes separated by 'x' or ',' (``8192x7168``,
-    ``8,4096``); for argparse's ``type=``, which reports the error with the option's name."""
+    ``8,4096``), ``()`` for a 0-dim tensor; for argparse's ``type=``, which reports the error
+    with the option's name."""
+    if text.replace(" ", "") == "()":
+        return ()
     parts = [part.strip() for part in text.replace(",", "x").split("x")]
     if all(part.isascii() and part.isdigit() for part in parts):
         return tuple(int(part) for part in parts)
     if all(part.removeprefix("-").isascii() and part.removeprefix("-").isdigit() for part in parts):
         raise argparse.ArgumentTypeError(f"sizes cannot be negative, got {text!r}")
-    raise argparse.ArgumentTypeError(f"expected sizes separated by 'x' or ',', such as 8192x7168 or 8,4096, got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"expected sizes separated by 'x' or ',', such as 8192x7168 or 8,4096 (or () for a 0-dim tensor), got {text!r}"
+    )
 
 
 def without_markup(docstring: str) -> str:

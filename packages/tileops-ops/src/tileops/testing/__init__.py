@@ -190,9 +190,10 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
     the entry's first workload), and ``...`` the leading ones. The template's other inputs
     follow: an input declared the same shape as another copies it; any other is expanded from
     its pattern with the new params, its ``...`` standing for the first input's leading
-    dimensions. Other params are the template's; the dtypes are those the first input
-    accepts, the template's in front. ValueError says why a shape does not fit the pattern; the
-    op's own checks judge the rest when it runs.
+    dimensions, and a dimension the first input does not name keeps its size in the template
+    (a backward op's 0-dim incoming gradient names none). Other params are the template's; the
+    dtypes are those the first input accepts, the template's in front. ValueError says why a
+    shape does not fit the pattern; the op's own checks judge the rest when it runs.
     """
     template = entry.workloads[0] if template is None else template
     first = entry.inputs[0]
@@ -230,9 +231,20 @@ def workload_for_shape(entry: OpEntry, shape: tuple[int, ...], template: Workloa
         else:
             (params if dim.name in params else dims)[dim.name] = part[0]
 
+    # The template's own sizes of every dimension its inputs name, for those the first input does not.
+    template_dims: dict[str, Any] = {}
+    for decl in entry.inputs:
+        if decl.shape is not None and decl.name in template.shapes:
+            decl.shape.match(template.shapes[decl.name], template_dims, template.params)
+
+    def size_of(name: str):
+        if name in params:
+            return params[name]
+        return dims[name] if name in dims else template_dims.get(name)
+
     def expanded(decl) -> tuple[int, ...]:
         try:
-            return decl.shape.expand(lambda name: params[name] if name in params else dims.get(name), leading)
+            return decl.shape.expand(size_of, leading)
         except KeyError as missing:
             raise ValueError(
                 f"{entry.name}: the shape of {decl.name} ({list(decl.shape)}) names {missing.args[0]!r}, "
