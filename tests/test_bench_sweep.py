@@ -40,6 +40,12 @@ def calls(spaces):
     return sweep.draw(200, 7, spaces)
 
 
+def _timed_every_way(call) -> bool:
+    """Whether the call's op has a torch baseline and a backward: eager and training rows both time it."""
+    entry = call.op_class.manifest_entry()
+    return entry.torch_api is not None and entry.backward is not None
+
+
 # -- the sampler ------------------------------------------------------------------------------------
 
 def test_the_same_seed_draws_the_same_calls_and_another_seed_others(spaces, calls):
@@ -59,6 +65,7 @@ def test_200_draws_cover_every_op_dtype_rank_optional_input_choice_and_strided_c
         assert {str(c.dtype).removeprefix("torch.") for c in of_op} == set(space.dtypes), name
         assert {len(c.shape) for c in of_op} == set(space.ranks), name
         assert {c.omitted for c in of_op} == set(space.omit), name
+        assert {c.template for c in of_op} == set(space.templates), name
         views = {t.name for t in space.op_class.manifest_entry().inputs} & set(space.strided_inputs)
         if views and space.strided_share:
             assert any(c.strided for c in of_op) and any(not c.strided for c in of_op), name
@@ -110,7 +117,8 @@ def test_every_drawn_call_fits_the_cap_and_the_ops_signature(spaces, calls):
         space = spaces[call.op_class.__name__]
         first = call.op_class.manifest_entry().inputs[0].name
         assert math.prod(call.shape) * call.dtype.itemsize <= space.max_bytes, call.workload.name
-        assert call.shape[-1] in space.widths and call.dtype == call.workload.dtypes[0]
+        assert any(call.shape[len(call.shape) - len(tail):] == tail for tail in space.tails()), call.workload.name
+        assert call.dtype == call.workload.dtypes[0]
         assert not set(call.omitted) & set(call.workload.shapes)
         sweep.check(call)  # raises where the signature refuses the call
         inputs = sweep.meta_inputs(call)
@@ -135,6 +143,22 @@ def test_allocation_gives_each_value_its_share_and_log_uniform_stays_in_bounds()
     assert math.prod(sweep.spread(rng, 360, 3)) == 360 and len(sweep.spread(rng, 7, 1)) == 1
 
 
+def test_rope_calls_take_heads_key_heads_tables_and_options_from_a_model_template(spaces):
+    from tileops.ops.rope import RotaryEmbeddingFwdOp
+
+    space = spaces["RotaryEmbeddingFwdOp"]
+    assert space.trailing == 2 and (32, 128) in space.tails() and (4, 256) in space.tails()
+    workloads = {w.name: w for w in RotaryEmbeddingFwdOp.manifest_entry().workloads}
+    drawn = [c for c in sweep.draw(200, 5, spaces) if c.op_class is RotaryEmbeddingFwdOp]
+    for call in drawn:
+        template = workloads[call.template]
+        shapes = call.workload.shapes
+        assert shapes["q"][-2:] == template.shapes["q"][-2:] and shapes["k"][-2:] == template.shapes["k"][-2:]
+        assert shapes["cos"] == template.shapes["cos"] and shapes["position_ids"] == shapes["q"][:-2]
+        assert {k: v for k, v in call.workload.params.items() if k in template.params} == template.params
+    assert len({c.shape[:-2] for c in drawn}) > len(drawn) // 2  # the tokens are drawn, not the template's
+
+
 def test_a_declaration_naming_what_the_op_does_not_have_is_refused(spaces):
     good = {"widths": {64: 1}, "rows": {"low": 1, "high": 8, "decode": 4, "decode_share": 0.5}, "ranks": {2: 1},
             "dtypes": {"float32": 1}}
@@ -144,6 +168,10 @@ def test_a_declaration_naming_what_the_op_does_not_have_is_refused(spaces):
         sweep.spaces({"norm": {**good, "ops": {"NoSuchOp": {}}}})
     with pytest.raises(ValueError, match="params the op does not have"):
         sweep.spaces({"norm": {**good, "ops": {"RMSNormFwdOp": {"params": {"alpha": {1: 1}}}}}})
+    with pytest.raises(ValueError, match=r"takes templates that are not workloads of the op: \['nope'\]"):
+        sweep.spaces({"norm": {**good, "ops": {"RMSNormFwdOp": {"templates": {"nope": 1}, "trailing": 1}}}})
+    with pytest.raises(ValueError, match="trailing must leave its templates' first input at least one row dimension, got 2"):
+        sweep.spaces({"norm": {**good, "ops": {"RMSNormFwdOp": {"templates": {"decode-1": 1}, "trailing": 2}}}})
     with pytest.raises(ValueError, match="derives params the op does not have"):
         sweep.spaces({"activation": {**good, "ops": {"SiLUFwdOp": {"width_params": {"d": 2}}}}})
     with pytest.raises(ValueError, match=r"widths \[63\] are not multiples of 2"):
@@ -171,7 +199,7 @@ def test_strided_calls_reach_the_bench_as_row_views_of_their_own_workload_only(c
 # -- one strided training call, end to end on CPU -------------------------------------------------
 
 def test_a_strided_training_call_is_timed_end_to_end(cpu_training, calls):
-    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 19)
+    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 19 and _timed_every_way(c))
     rows = sweep.time_call(call, backward=True, with_compile=False, tune=False, others=None)
     assert [r.mode for r in rows] == ["forward+backward", "backward"]
     assert all(r.ours_error is None and r.ours_us == 1.0 and r.workload == call.workload.name for r in rows), rows
@@ -348,7 +376,7 @@ def test_a_strided_forward_call_reaches_every_side_as_row_views(monkeypatch, cal
         seen.append({name: tensor.is_contiguous() for name, tensor in inputs.items()})
         return lambda: inputs[next(iter(inputs))] * 1
 
-    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 19)
+    call = next(c for c in calls if c.strided and c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 19 and _timed_every_way(c))
     spy = Peers({"fake": {call.op_class.__name__: {"Spy": ("spy:F", adapter)}}}, importer=lambda name: type("M", (), {"F": 1}))
     (row,) = sweep.time_call(call, backward=False, with_compile=False, tune=False, others=spy)
     assert row.ours_error is None and row.ours_us == row.eager_us == row.peers["Spy"] == 1.0, row

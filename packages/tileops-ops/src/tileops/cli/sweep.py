@@ -19,8 +19,13 @@ by name. ``SWEEP`` is a dict:
   of one row is not strided, its view being contiguous).
 - ``ops``: {op class name: {"widths": (as above, instead of the family's), "omit": {tuple of
   optional inputs left out: odds}, "params": {param: {value: odds}}, "width_params": {param:
-  divisor}}}: a param of ``width_params`` is the drawn width divided by its divisor (the packed
-  activations' ``d``, half of x's last dimension); the op's widths must be multiples of it.
+  divisor}, "templates": {manifest workload name: odds}, "trailing": count}}: a param of
+  ``width_params`` is the drawn width divided by its divisor (the packed activations' ``d``, half
+  of x's last dimension); the op's widths must be multiples of it. An op with ``templates``
+  draws no width: each call takes one of those workloads as its template, keeps the last
+  ``trailing`` dimensions of its first input (and every dimension the first input does not
+  name, and its params) and draws the rows before them (rope's q: (tokens..., heads, head size),
+  whose key heads and cos/sin tables only such a template gives).
 
 Every choice from a small set (the op; then per op the dtype, the rank, the inputs left out,
 each param, strided or not) is allocated: each value gets its share of the draws by its odds,
@@ -75,6 +80,20 @@ class Space:
     params: Mapping[str, Mapping[Any, float]]
     width_params: Mapping[str, int]
     max_bytes: int
+    #: Workload name -> odds: the calls' templates (the entry's first workload where not declared).
+    templates: Mapping[str, float]
+    #: Trailing dimensions of the first input taken from the template (0: a width is drawn).
+    trailing: int
+
+    def template(self, name: str) -> Workload:
+        return next(w for w in self.op_class.manifest_entry().workloads if w.name == name)
+
+    def tails(self) -> set[tuple[int, ...]]:
+        """The trailing dimensions a call's first input may have: a width, or a template's."""
+        if not self.trailing:
+            return {(width,) for width in self.widths}
+        first = self.op_class.manifest_entry().inputs[0].name
+        return {tuple(self.template(name).shapes[first][-self.trailing :]) for name in self.templates}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +107,8 @@ class SweepCall:
     dtype: torch.dtype
     omitted: tuple[str, ...]
     strided: tuple[str, ...]
+    #: The manifest workload whose other inputs and params the call took.
+    template: str
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -103,6 +124,7 @@ class SweepCall:
             "omitted": list(self.omitted),
             "strided": list(self.strided),
             "params": {name: list(value) if isinstance(value, tuple) else value for name, value in self.workload.params.items()},
+            "template": self.template,
         }
 
 
@@ -155,6 +177,15 @@ def _space(family: str, op_class: type, sweep: Mapping[str, Any], own: Mapping[s
         uneven = sorted(width for width in widths if width % divisor)
         if uneven:
             raise ValueError(f"{where} derives {param} as the width / {divisor}, but widths {uneven} are not multiples of {divisor}")
+    workloads = {w.name: w for w in entry.workloads}
+    templates = dict(own.get("templates", {entry.workloads[0].name: 1}))
+    unknown = sorted(set(templates) - set(workloads))
+    if unknown:
+        raise ValueError(f"{where} takes templates that are not workloads of the op: {unknown}")
+    trailing = own.get("trailing", 0) if "templates" in own else 0
+    ranks = [len(workloads[name].shapes[entry.inputs[0].name]) for name in templates]
+    if "templates" in own and not 1 <= trailing < min(ranks):
+        raise ValueError(f"{where}: trailing must leave its templates' first input at least one row dimension, got {trailing}")
     strided = sweep.get("strided", {})
     return Space(
         op_class=op_class,
@@ -168,6 +199,8 @@ def _space(family: str, op_class: type, sweep: Mapping[str, Any], own: Mapping[s
         params=own.get("params", {}),
         width_params=width_params,
         max_bytes=sweep.get("max_bytes", MAX_BYTES),
+        templates=templates,
+        trailing=trailing,
     )
 
 
@@ -221,6 +254,8 @@ def draw(count: int, seed: int, of: Mapping[str, Space], dtypes: tuple[str, ...]
         choices = {
             "dtype": allocate(rng, dtype_odds, n),
             "rank": allocate(rng, space.ranks, n),
+            # One template (every op that declares none) draws nothing: the same calls as before templates.
+            "template": allocate(rng, space.templates, n) if len(space.templates) > 1 else [*space.templates] * n,
             "omit": allocate(rng, space.omit, n),
             "strided": allocate(rng, {True: space.strided_share, False: 1 - space.strided_share}, n),
             **{f"param:{param}": allocate(rng, values, n) for param, values in space.params.items()},
@@ -233,30 +268,35 @@ def draw(count: int, seed: int, of: Mapping[str, Space], dtypes: tuple[str, ...]
 
 def _draft(rng: random.Random, space: Space, chosen: dict[str, Any]) -> tuple:
     dtype = DTYPES[chosen["dtype"]]
-    width = rng.choices(list(space.widths), list(space.widths.values()))[0]
+    template = space.template(chosen["template"])
+    if space.trailing:
+        tail = tuple(template.shapes[space.op_class.manifest_entry().inputs[0].name][-space.trailing :])
+    else:
+        tail = (rng.choices(list(space.widths), list(space.widths.values()))[0],)
     item = torch.empty((), dtype=dtype).element_size()
-    cap = max(1, space.max_bytes // (width * item))
+    cap = max(1, space.max_bytes // (math.prod(tail) * item))
     rows = space.rows
     if rng.random() < rows["decode_share"]:
         count = log_uniform(rng, 1, min(int(rows["decode"]), cap))
     else:
         low = min(int(rows["low"]), cap)
         count = log_uniform(rng, low, max(low, min(int(rows["high"]), cap)))
-    shape = (*spread(rng, count, chosen["rank"] - 1), width)
+    shape = (*spread(rng, count, chosen["rank"] - len(tail)), *tail)
     params = {key.removeprefix("param:"): value for key, value in chosen.items() if key.startswith("param:")}
-    params.update({param: width // divisor for param, divisor in space.width_params.items()})
-    return space, shape, dtype, tuple(chosen["omit"]), chosen["strided"], params
+    params.update({param: tail[-1] // divisor for param, divisor in space.width_params.items()})
+    return space, template, shape, dtype, tuple(chosen["omit"]), chosen["strided"], params
 
 
-def _call(index: int, space: Space, shape: tuple, dtype: torch.dtype, omitted: tuple, strided: bool, params: dict) -> SweepCall:
+def _call(
+    index: int, space: Space, base: Workload, shape: tuple, dtype: torch.dtype, omitted: tuple, strided: bool, params: dict
+) -> SweepCall:
     entry = space.op_class.manifest_entry()
-    base = entry.workloads[0]
     passed = {t.name: base.shapes.get(t.name, ()) for t in entry.inputs if t.name not in omitted}
     described = workload_for_shape(entry, shape, Workload(base.name, passed, (dtype,), {**base.params, **params}))
     # One row is contiguous however wide the tensor it is a view of: such a call is not strided.
     views = tuple(name for name in space.strided_inputs if strided and name in described.shapes and math.prod(shape[:-1]) > 1)
     workload = Workload(label(index, omitted, views), described.shapes, (dtype,), {**described.params, **params})
-    return SweepCall(index, space.op_class, workload, dtype, omitted, views)
+    return SweepCall(index, space.op_class, workload, dtype, omitted, views, base.name)
 
 
 # -- the inputs of a call -------------------------------------------------------------------------

@@ -46,3 +46,29 @@ def _liger_rope(function, inputs, params):
 
 
 PEERS = {"RotaryEmbeddingFwdOp": {"Liger": (LIGER_ROPE, _liger_rope)}}
+
+
+# -- the shape sweep: the calls ``tileops bench --sweep`` draws (``tileops.cli.sweep`` says how) --
+#
+# q's last two dimensions (heads, head size) come with the key heads and the cos/sin tables of a
+# model, so each call takes a manifest workload as its template (Llama 3 8B, Llama 2 70B, Qwen2 7B,
+# multi-query, GPT-J's partial interleaved rotation, Phi-2's partial one, a small GQA shape) and
+# draws the tokens before them: decode batches (1-64 tokens) for about a third of the calls and 65
+# to 32768 otherwise, as (batch, seq) or flattened tokens; a quarter of the calls on q and k as
+# row views (sliced from a fused qkv projection); q at most 256 MiB.
+
+_FORWARD_TEMPLATES = ("llama3-8b-prefill-4x4096", "llama2-70b-prefill-4x4096", "qwen2-7b-prefill-4x4096", "mqa-1-head",
+                      "partial-gptj-256-64", "partial-phi2-80-32", "tokens-3d")
+_IN_PLACE_TEMPLATES = ("llama3-8b-prefill-4x4096", "partial-interleaved-10-6", "tokens-3d")
+
+SWEEP = {
+    "widths": {},
+    "rows": {"low": 65, "high": 32768, "decode": 64, "decode_share": 0.35},
+    "ranks": {4: 2, 3: 1},
+    "dtypes": {"bfloat16": 2, "float16": 1, "float32": 1},
+    "strided": {"share": 0.25, "inputs": ("q", "k")},
+    "ops": {
+        "RotaryEmbeddingFwdOp": {"templates": {name: 1 for name in _FORWARD_TEMPLATES}, "trailing": 2},
+        "RotaryEmbeddingInplaceFwdOp": {"templates": {name: 1 for name in _IN_PLACE_TEMPLATES}, "trailing": 2},
+    },
+}
