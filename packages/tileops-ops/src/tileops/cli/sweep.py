@@ -5,9 +5,9 @@ What the calls look like is the family's to say, in ``SWEEP`` of its ``command_l
 (``tileops.ops.<family>.command_line``); nothing here knows a family, an op, an input or a param
 by name. ``SWEEP`` is a dict:
 
-- ``widths``: {size: odds}, the first input's last dimension; the family's first manifest
-  workload is the template that binds the params and the other inputs' shapes from the first
-  input's shape (``tileops.testing.workload_for_shape``).
+- ``widths``: {size: odds}, the first input's last dimension; the op's first manifest workload
+  (or one of its ``templates``, below) is the template that binds the params and the other
+  inputs' shapes from the first input's shape (``tileops.testing.workload_for_shape``).
 - ``rows``: {"low", "high", "decode", "decode_share"}: how many rows (the product of the leading
   dimensions): for a ``decode_share`` of the calls log-uniform integers in [1, decode], for
   the others log-uniform in [low, high]; a call is capped at ``max_bytes`` of first input
@@ -27,8 +27,8 @@ by name. ``SWEEP`` is a dict:
   name, and its params) and draws the rows before them (rope's q: (tokens..., heads, head size),
   whose key heads and cos/sin tables only such a template gives).
 
-Every choice from a small set (the op; then per op the dtype, the rank, the inputs left out,
-each param, strided or not) is allocated: each value gets its share of the draws by its odds,
+Every choice from a small set (the op; then per op the dtype, the rank, the template, the inputs
+left out, each param, strided or not) is allocated: each value gets its share of the draws by its odds,
 rounded by the largest remainder, in a shuffled order, so that 200 draws cover every value;
 widths and rows are drawn at random. The same seed, N and selection (op names, ``--dtype``,
 ``--backward``) draw the same calls: configuration rules must be fitted on one seed's calls and
