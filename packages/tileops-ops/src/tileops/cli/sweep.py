@@ -24,8 +24,8 @@ by name. ``SWEEP`` is a dict:
   of x's last dimension); the op's widths must be multiples of it. An op with ``templates``
   draws no width: each call takes one of those workloads as its template, keeps the last
   ``trailing`` dimensions of its first input (and every dimension the first input does not
-  name, and its params) and draws the rows before them (rope's q: (tokens..., heads, head size),
-  whose key heads and cos/sin tables only such a template gives).
+  name, and its params) and draws the rows before them: for ops whose other inputs have sizes
+  of their own that only a whole workload gives together.
 
 Every choice from a small set (the op; then per op the dtype, the rank, the template, the inputs
 left out, each param, strided or not) is allocated: each value gets its share of the draws by its odds,
