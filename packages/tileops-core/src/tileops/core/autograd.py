@@ -72,9 +72,6 @@ class Differentiation:
         )
         self._kept_inputs = sorted({index for kind, index in self.sources if kind == _INPUT})
         self._kept_outputs = sorted({index for kind, index in self.sources if kind == _OUTPUT})
-        backward_inputs = [t.name for t in backward.inputs]
-        #: (output position, input position) of each backward output that is a written input.
-        self._aliased = tuple((i, backward_inputs.index(t.aliases)) for i, t in enumerate(backward.outputs) if t.aliases)
         written = {t.name for t in backward.inputs if t.written}
         #: Positions among the saved statistics of those the backward op writes (consumes).
         self._consumed = tuple(i for i, name in enumerate(self.saves) if name in written)
@@ -139,16 +136,6 @@ class Differentiation:
             _SAVED: kept[n_inputs + n_outputs :],
         }
         return [pools[kind][index] for kind, index in self.sources]
-
-    def with_aliases(self, results: Any, arguments: Sequence[Any]) -> Any:
-        """The backward op's custom op's ``results`` with each output that is a written input
-        (returned by the custom op as a placeholder) that input, as written."""
-        if not self._aliased:
-            return results
-        results = list(results) if isinstance(results, tuple) else [results]
-        for output, argument in self._aliased:
-            results[output] = arguments[argument]
-        return tuple(results) if len(results) > 1 else results[0]
 
     def input_gradients(self, results: Any, present: Sequence[bool], needed: Sequence[bool]) -> list:
         """Per forward input: its gradient among the backward op's ``results``, or None (not
@@ -252,7 +239,9 @@ def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of)
         backward_op = op.backward_op
         custom = type(backward_op).__dict__["_custom_op"]
         n_exec = len(wiring.backward.exec_args)
-        results = wiring.with_aliases(custom(*arguments, *[None] * n_exec, backward_op.trace_key), arguments)
+        results = custom(*arguments, *[None] * n_exec, backward_op.trace_key)
+        listed = list(results) if isinstance(results, tuple) else [results]
+        results = tuple(backward_op.signature().with_written_inputs(listed, arguments))
         gradients = wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[:n_inputs])
         return (*gradients, *[None] * (len(ctx.needs_input_grad) - n_inputs))
 

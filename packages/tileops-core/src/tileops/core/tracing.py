@@ -331,7 +331,5 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
     for keyword, index in signature.out_keywords.items():
         if outs.get(keyword) is not None:
             results[index] = outs[keyword]
-    for index, decl in enumerate(signature.entry.outputs):
-        if decl.aliases:
-            results[index] = inputs[names.index(decl.aliases)]
+    results = signature.with_written_inputs(results, inputs)
     return results[0] if len(results) == 1 else tuple(results)

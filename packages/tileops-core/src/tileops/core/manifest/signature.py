@@ -240,6 +240,15 @@ class Signature:
                 return False
         return True
 
+    def with_written_inputs(self, results: list, inputs: Sequence[Any]) -> list:
+        """``results`` (one per output) with each output that aliases a written input replaced by
+        that input: a custom op returns placeholders for them, since its results may alias none
+        of its arguments."""
+        for index, alias in enumerate(self._aliased):
+            if alias is not None:
+                results[index] = inputs[alias]
+        return results
+
     def empty_result(self, call: BoundCall):
         """The outputs of a call that writes nothing, built from the signature."""
         results = []
