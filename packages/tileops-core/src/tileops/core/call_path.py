@@ -128,6 +128,11 @@ class CallDeclined(Exception):
     (a return-value sentinel would cost a comparison on every one)."""
 
 
+def _shape_names(decl: TensorDecl) -> set[str]:
+    """The dimension names ``decl``'s shape pattern uses (none where its shape is another's)."""
+    return set() if decl.shape is None else {entry.name for entry in decl.shape.entries if entry.name is not None}
+
+
 def _constraints_function(constraints, params: Mapping[str, Any], dims: list[str]) -> Callable[..., bool]:
     """One function of the call's dimensions (in ``dims``' order) that says whether every one
     of ``constraints`` holds, the op's params bound: one call in place of evaluating each
@@ -163,11 +168,22 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     if any(name.startswith("_") for name in names):
         raise _Unsupported  # would shadow the generated locals
     w = _Writer(entry, params)
-    first = entry.inputs[0].name
+    first = entry.inputs[0]
+    if first.optional:
+        raise _Unsupported  # the call's device is the first input's
+    # Required inputs are checked first, so an optional input's dimensions are mostly bound
+    # already (compared, not bound, in its block); a dimension only optional inputs name is
+    # checked within its block and left out of the call's dims, unless a later shape needs it.
+    required = [decl for decl in entry.inputs if not decl.optional]
+    optional = [decl for decl in entry.inputs if decl.optional]
+    optional_names = {decl.name for decl in optional}
+    if any(decl.dtype_same_as in optional_names or decl.shape_same_as in optional_names for decl in required):
+        raise _Unsupported
     # Tensors under torch.vmap (and other torch.func transforms) pass every check below but
     # have no storage: one check per call, cheaper than one per tensor.
     w.emit("if _transforms_active(): break", 1)
-    for decl in entry.inputs:
+    conditional_dims: dict[str, dict[str, str]] = {}  # optional input -> the dims only it binds
+    for position, decl in enumerate(required + optional):
         t = decl.name
         indent = 1
         if decl.optional:
@@ -188,18 +204,23 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         w.emit(f"_s_{t} = {t}.shape", indent)
         if decl.shape is not None:
             if decl.optional:
-                # A name first bound inside an optional input's block may be unbound later.
-                before = dict(w.dims)
+                # A name first bound inside an optional input's block is unbound where the
+                # input is None: no later shape may use it.
+                before = set(w.dims)
                 w.shape_checks(decl, f"_s_{t}", indent)
-                if set(w.dims) != set(before):
+                bound_here = set(w.dims) - before
+                later = [*optional[position - len(required) + 1:], *entry.outputs]
+                if bound_here & {name for later_decl in later for name in _shape_names(later_decl)}:
                     raise _Unsupported
+                if bound_here:
+                    conditional_dims[t] = {name: w.dims.pop(name) for name in sorted(bound_here)}
             else:
                 w.shape_checks(decl, f"_s_{t}", indent)
         else:
             ref = decl.shape_same_as
             guard = f"{ref} is not None and " if entry.input(ref).optional else ""
             w.emit(f"if {guard}_s_{t} != _s_{ref}: break", indent)
-        if t == first:
+        if decl is first:
             w.emit(f"_dev = {t}.device", indent)
         elif decl.cpu:
             w.emit(f"if {t}.device.type != 'cpu': break", indent)
@@ -252,7 +273,11 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     written += [f"{decl.name}.numel() == 0" for decl in entry.inputs if decl.written and not decl.optional]
     if written:
         w.emit(f"if {' and '.join(written)}: break", 1)
-    dims = ("{" + ", ".join(f"{name!r}: {local}" for name, local in w.dims.items()) + "}") if w.dims else "_NO_DIMS"
+    dims = ", ".join(f"{name!r}: {local}" for name, local in w.dims.items())
+    for t, bound in conditional_dims.items():
+        items = ", ".join(f"{name!r}: {local}" for name, local in bound.items())
+        dims += f"{', ' if dims else ''}**({{{items}}} if {t} is not None else _NO_DIMS)"
+    dims = f"{{{dims}}}" if dims else "_NO_DIMS"
     call_constraints = [c for c in entry.constraints if not c.at_construction]
     if call_constraints:
         w.emit(f"if not _constraints_hold({', '.join(w.dims.values())}): break", 1)
