@@ -1,10 +1,11 @@
 """GPU tier: DecodeAttentionFwdOp's TileLang kernels on CUDA against the float32 reference and an
 explicit SDPA per sequence: every manifest workload; contiguous and paged caches (pages of 16 and
-256) with NaN past every length and in the spare pages; lengths of 0, 1, a tile's multiple and
-not; several causal new tokens, some seeing nothing; head sizes 64, 128 and 256; GQA 32/8 and
-64/8, MQA and MHA; the split and the unsplit launch; clamped lengths; a q sliced from a fused qkv
-projection; the plain-torch fallback; torch.compile(fullgraph=True); and decode loops captured in
-a CUDA graph and replayed with growing lengths (contiguous and paged caches).
+256) with NaN past every length and in the spare pages, positions first and heads first
+(transformers' layout); lengths of 0, 1, a tile's multiple and not; several causal new tokens,
+some seeing nothing; head sizes 64, 128 and 256; GQA 32/8 and 64/8, MQA and MHA; the split and
+the unsplit launch; clamped lengths; a q sliced from a fused qkv projection; the plain-torch
+fallback; torch.compile(fullgraph=True); and decode loops captured in a CUDA graph and replayed
+with growing lengths (contiguous and paged caches).
 
 They need a CUDA GPU (``pytest -m gpu``, or ``tools/gpu-tier.sh``); elsewhere they skip.
 """
@@ -16,7 +17,7 @@ import math
 import pytest
 import torch
 
-from test_decode_attention_ops import assert_matches, make_call, per_sequence_reference
+from test_decode_attention_ops import assert_matches, heads_first, make_call, per_sequence_reference
 from tileops.ops import FAMILIES, DecodeAttentionFwdOp
 from tileops.ops.attention.decode_cpu import decode_attention
 from helpers import workload_params
@@ -70,6 +71,16 @@ def test_matches_sdpa_per_sequence_with_nan_past_every_length(page_size, heads_q
     assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, call[4]), TOLERANCE[dtype])
     # 7 sequences x 8 or fewer kv heads leave most of the GPU idle: the call is split.
     assert _kernel(op).splits_for(len(LENGTHS), call[1].shape[1] * (1 if call[4] is None else call[4].shape[1])) > 1
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: "contiguous" if p is None else f"paged-{p}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_heads_first_caches_match_sdpa_per_sequence_with_nan_past_every_length(page_size, dtype):
+    call = make_call(LENGTHS, 2, 32, 8, 128, page_size=page_size, dtype=dtype, device="cuda")
+    op = DecodeAttentionFwdOp(cache_layout="bhsd")
+    o, lse = op(*heads_first(call))
+    assert _served_by(op) == {"tilelang"}
+    assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, call[4]), TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("scale", [None, 0.05])

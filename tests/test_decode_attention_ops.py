@@ -127,6 +127,28 @@ def test_matches_sdpa_per_sequence(page_size, heads_q, heads_kv, new_tokens):
     assert_matches(o, lse, per_sequence_reference(*call[:3], lengths, call[4]), 1e-5)
 
 
+def heads_first(call):
+    """A decode call with its caches in the bhsd layout, (N, Hkv, L, D), as transformers' caches."""
+    q, k_cache, v_cache, seqlens, block_table = call
+    return q, k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous(), seqlens, block_table
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: "contiguous" if p is None else f"paged-{p}")
+def test_heads_first_caches_give_what_the_same_caches_give_positions_first(page_size):
+    lengths = [0, 1, 64, 300]
+    call = make_call(lengths, 3, 8, 2, 32, page_size=page_size)
+    o, lse = DecodeAttentionFwdOp(cache_layout="bhsd")(*heads_first(call))
+    assert_matches(o, lse, per_sequence_reference(*call[:3], lengths, call[4]), 1e-5)
+    # The kv heads are the caches' second dimension: 2 of 8 query heads' groups, not 300 positions.
+    with pytest.raises(OpArgumentError, match="Hq must be a multiple of the kv heads"):
+        DecodeAttentionFwdOp(cache_layout="bhsd")(*call)
+
+
+def test_a_cache_layout_other_than_the_two_is_refused_at_construction():
+    with pytest.raises(OpArgumentError, match="cache_layout must be 'bshd' or 'bhsd'"):
+        DecodeAttentionFwdOp(cache_layout="bsdh")
+
+
 def test_without_causal_every_new_token_sees_the_whole_sequence_and_the_scale_is_applied():
     lengths = [1, 5, 70]
     call = make_call(lengths, 3, 4, 2, 16)
@@ -223,7 +245,7 @@ def _call(**changes):
     [
         ({"q": torch.randn(2, 1, 3, 16)}, "query heads Hq must be a multiple of the kv heads Hkv"),
         ({"k_cache": torch.randn(1, 9, 2, 16), "v_cache": torch.randn(1, 9, 2, 16)}, "N >= B"),
-        ({"k_cache": torch.randn(2, 9, 2, 8), "v_cache": torch.randn(2, 9, 2, 8)}, "argument 'k_cache' expected shape [N, L, Hkv, D]"),
+        ({"k_cache": torch.randn(2, 9, 2, 8), "v_cache": torch.randn(2, 9, 2, 8)}, "argument 'k_cache' expected shape [N, C1, C2, D]"),
         ({"v_cache": torch.randn(2, 8, 2, 16)}, "argument 'v_cache' must have the shape of 'k_cache' (2, 9, 2, 16), got (2, 8, 2, 16)"),
         ({"cache_seqlens": torch.tensor([4, 4])}, "argument 'cache_seqlens' expected dtype int32, got torch.int64"),
         ({"cache_seqlens": torch.tensor([4], dtype=torch.int32)}, "argument 'cache_seqlens' expected shape [B]"),
@@ -270,6 +292,11 @@ def _inputs(lengths, page_size=None, new_tokens=1):
     return {name: tensor for name, tensor in zip(names, call) if tensor is not None}
 
 
+def _heads_first(inputs):
+    caches = {name: inputs[name].transpose(1, 2).contiguous() for name in ("k_cache", "v_cache")}
+    return {**inputs, **caches}
+
+
 @pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged-16"])
 @pytest.mark.parametrize("lengths", [[40, 40], [3, 40]], ids=["equal", "unequal"])
 def test_the_sdpa_adapter_computes_the_op_with_sdpa_on_the_caches_heads_first(page_size, lengths):
@@ -277,6 +304,8 @@ def test_the_sdpa_adapter_computes_the_op_with_sdpa_on_the_caches_heads_first(pa
     call = _peer("SDPA flash")(F.scaled_dot_product_attention, inputs, {"scale": None, "causal": True})
     o, _ = DecodeAttentionFwdOp()(*inputs.values())
     torch.testing.assert_close(call(), o, atol=1e-5, rtol=1e-5)
+    heads_first_call = _peer("SDPA flash")(F.scaled_dot_product_attention, _heads_first(inputs), {"cache_layout": "bhsd"})
+    torch.testing.assert_close(heads_first_call(), o, atol=1e-5, rtol=1e-5)
     refused = _peer("SDPA cuDNN")(F.scaled_dot_product_attention, _inputs([5], new_tokens=2), {"causal": True})
     assert refused == "aligns causal masking to the top left; the op's new tokens are bottom-right aligned"
 
@@ -291,6 +320,7 @@ def test_the_flash_attn_adapter_passes_the_call_as_flash_attn_with_kvcache_takes
     assert options["cache_seqlens"] is inputs["cache_seqlens"] and options["block_table"] is inputs["block_table"]
     assert options["softmax_scale"] == 0.1 and options["causal"] and options["return_softmax_lse"]
     assert "multiple of 256" in _peer("flash-attn")(None, _inputs([3], 16), {})
+    assert "(bshd) only" in _peer("flash-attn")(None, _inputs([3], 256), {"cache_layout": "bhsd"})
 
 
 def test_the_flashinfer_adapter_plans_the_page_table_of_the_block_table_and_lengths():
@@ -298,10 +328,11 @@ def test_the_flashinfer_adapter_plans_the_page_table_of_the_block_table_and_leng
 
     class Wrapper:
         def __init__(self, workspace, layout, use_tensor_cores):
-            assert layout == "NHD" and use_tensor_cores
+            assert use_tensor_cores
+            self.layout = layout
 
         def plan(self, indptr, indices, last_page_len, *sizes, **options):
-            planned.append((indptr.tolist(), indices.tolist(), last_page_len.tolist(), sizes))
+            planned.append((self.layout, indptr.tolist(), indices.tolist(), last_page_len.tolist(), sizes))
 
         def run(self, q, caches, return_lse):
             return q, q[..., 0]
@@ -309,9 +340,12 @@ def test_the_flashinfer_adapter_plans_the_page_table_of_the_block_table_and_leng
     inputs = _inputs([3, 40], 16)
     call = _peer("FlashInfer")(Wrapper, inputs, {})
     table = inputs["block_table"]
-    ((indptr, indices, last, sizes),) = planned
-    assert indptr == [0, 1, 4] and indices == [table[0, 0].item(), *table[1, :3].tolist()] and last == [3, 8]
-    assert sizes == (8, 2, 32, 16)
+    ((layout, indptr, indices, last, sizes),) = planned
+    assert layout == "NHD" and indptr == [0, 1, 4] and indices == [table[0, 0].item(), *table[1, :3].tolist()]
+    assert last == [3, 8] and sizes == (8, 2, 32, 16)
     o, lse = call()
+    # Pages heads first are FlashInfer's HND layout: the same table, page size from dimension 2.
+    _peer("FlashInfer")(Wrapper, _heads_first(inputs), {"cache_layout": "bhsd"})
+    assert planned[1] == ("HND", *planned[0][1:])
     assert o.shape == inputs["q"].shape
     assert "one new token" in _peer("FlashInfer")(Wrapper, _inputs([5], new_tokens=2), {})

@@ -95,8 +95,8 @@ def launches(monkeypatch):
     return launched
 
 
-def _call(page_size=0, new_tokens=1):
-    return DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 128, new_tokens, page_size, 128**-0.5, True)
+def _call(page_size=0, new_tokens=1, cache_layout="bshd"):
+    return DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 128, new_tokens, page_size, 128**-0.5, True, cache_layout)
 
 
 def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
@@ -126,10 +126,20 @@ def test_a_batch_that_fills_the_gpu_runs_unsplit_and_a_paged_call_passes_its_blo
     assert kernel.splits_for(1, 4096) == policy.splits(1, 8, 4096, 660, 512, policy.split_bytes(32, 8, 128, 1, 2)) == kernel.splits_for(1, 4096)
 
 
+def test_heads_first_caches_are_split_by_their_positions_the_third_dimension(launches):
+    # transformers' caches (B, Hkv, L, D): the split rule reads the capacity from dimension 2,
+    # so the call splits as the same cache in the bshd layout does (82 splits at 32k).
+    kernel = kernels.TileLangDecodeAttention(_call(cache_layout="bhsd"))
+    q, k = torch.randn(1, 1, 32, 128).bfloat16(), torch.randn(1, 8, 32768, 128).bfloat16()
+    kernel.forward(q, k, k, torch.tensor([20000], dtype=torch.int32), None)
+    (attend, attended), _ = launches
+    assert attend == "attend-split" and attended[4].shape == (82, 1, 1, 32, 128)
+
+
 def test_refusals_leave_float32_and_odd_head_sizes_to_the_plain_torch_implementation():
     assert kernels.TileLangDecodeAttention.refusal(_call()) is None
-    odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True)
-    wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True)
+    odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True, "bshd")
+    wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True, "bhsd")
     assert "not 80" in kernels.TileLangDecodeAttention.refusal(odd)
     assert "float32" in kernels.TileLangDecodeAttention.refusal(wide)
 
@@ -141,11 +151,12 @@ import torch
 from tileops.kernels.cuda.attention import decode_programs as programs
 target = {"kind": "cuda", "arch": "sm_90"}
 # One build per kind: attend over a contiguous cache (split), attend over a paged one (unsplit,
-# pages of 16, several causal new tokens, another dtype and head size), and the merge.
+# pages of 16, several causal new tokens, another dtype and head size, heads-first pages as
+# transformers' caches hold them), and the merge.
 builds = [
-    ("attend", programs.compile_attend(torch.bfloat16, 32, 8, 128, 1, 0, 128**-0.5, True, target,
+    ("attend", programs.compile_attend(torch.bfloat16, 32, 8, 128, 1, 0, 128**-0.5, True, "bshd", target,
                                        split=True, block_n=64, threads=128, blocks_per_sm=5)),
-    ("attend_paged", programs.compile_attend(torch.float16, 64, 8, 64, 3, 16, 0.125, True, target,
+    ("attend_paged", programs.compile_attend(torch.float16, 64, 8, 64, 3, 16, 0.125, True, "bhsd", target,
                                              split=False, block_n=64, threads=128, blocks_per_sm=3)),
     ("merge", programs.compile_merge(torch.bfloat16, 32, 128, 1, target)),
 ]

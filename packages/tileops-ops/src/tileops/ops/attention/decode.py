@@ -22,7 +22,8 @@ from .decode_interfaces import DecodeAttentionFwdInterface
 
 class DecodeAttentionFwdOp(Op):
     """Decode attention over a KV cache:
-    ``op(q, k_cache, v_cache, cache_seqlens, block_table=None) -> (o, lse)``."""
+    ``op(q, k_cache, v_cache, cache_seqlens, block_table=None) -> (o, lse)``; caches (N, L, Hkv,
+    D), or (N, Hkv, L, D) with ``cache_layout="bhsd"``."""
 
     manifest_file = files("tileops.ops") / "manifest" / "attention_decode.yaml"
     kernel_interfaces = (DecodeAttentionFwdInterface,)
@@ -30,31 +31,33 @@ class DecodeAttentionFwdOp(Op):
     # The TileLang kernels, imported when an op is first built (the table imports no tilelang).
     kernel_tables = ("tileops.kernels.cuda.attention.decode:KERNELS",)
 
-    def __init__(self, scale: float | None = None, causal: bool = True, *, target: str | None = None) -> None:
-        super().__init__(scale=scale, causal=causal, target=target)
+    def __init__(
+        self, scale: float | None = None, causal: bool = True, *, cache_layout: str = "bshd", target: str | None = None
+    ) -> None:
+        super().__init__(scale=scale, causal=causal, cache_layout=cache_layout, target=target)
+        # Where the caches hold the positions and the kv heads: (N, L, Hkv, D) or (N, Hkv, L, D).
+        self._positions_at, self._heads_at = (1, 2) if cache_layout == "bshd" else (2, 1)
 
     def call_spec(self, interface, device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size):
         """The call spec of ``kernel_for(interface, device, dtype, heads_q, heads_kv, head_dim,
-        new_tokens, page_size)``: forward passes what varies between calls; the scale and the
-        causal flag are the instance's."""
-        scale = self.params["scale"]
-        scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+        new_tokens, page_size)``: forward passes what varies between calls; the scale, the
+        causal flag and the cache layout are the instance's."""
+        p = self.params
+        scale = 1.0 / math.sqrt(head_dim) if p["scale"] is None else p["scale"]
         return interface.call_spec(
-            device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, self.params["causal"]
+            device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, p["causal"], p["cache_layout"]
         )
+
+    def _fields(self, q, k_cache, paged: bool) -> tuple:
+        """What ``kernel_for`` takes after the interface and the device, from the call's shapes."""
+        page_size = k_cache.shape[self._positions_at] if paged else 0
+        return q.dtype, q.shape[2], k_cache.shape[self._heads_at], q.shape[3], q.shape[1], page_size
 
     def call_specs(self, device, inputs):
         """The call spec a call with ``inputs`` (descriptions) gets, built as ``forward`` builds it."""
-        q, k_cache = inputs["q"], inputs["k_cache"]
-        page_size = k_cache.shape[1] if "block_table" in inputs else 0
-        spec = self.call_spec(
-            DecodeAttentionFwdInterface, device, q.dtype, q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1], page_size
-        )
-        return {DecodeAttentionFwdInterface: spec}
+        fields = self._fields(inputs["q"], inputs["k_cache"], "block_table" in inputs)
+        return {DecodeAttentionFwdInterface: self.call_spec(DecodeAttentionFwdInterface, device, *fields)}
 
     def forward(self, q, k_cache, v_cache, cache_seqlens, block_table):
-        page_size = 0 if block_table is None else k_cache.shape[1]
-        kernel = self.kernel_for(
-            DecodeAttentionFwdInterface, q.device, q.dtype, q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1], page_size
-        )
+        kernel = self.kernel_for(DecodeAttentionFwdInterface, q.device, *self._fields(q, k_cache, block_table is not None))
         return kernel.forward(q, k_cache, v_cache, cache_seqlens, block_table)

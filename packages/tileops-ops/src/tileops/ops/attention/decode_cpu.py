@@ -19,11 +19,13 @@ from .decode_interfaces import DecodeAttentionCall, DecodeAttentionFwdInterface
 
 
 def sequence_caches(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor | None, batch: int
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor | None, batch: int, cache_layout: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sequence's keys and values as (B, capacity, Hkv, D): the first B rows of contiguous
     caches, or the pages of a paged pool in the order of ``block_table`` (entries clamped to the
-    pool)."""
+    pool); views of bhsd caches with their middle dimensions swapped first."""
+    if cache_layout == "bhsd":
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     if block_table is None:
         return k_cache[:batch], v_cache[:batch]
     pages = block_table.long().clamp(0, max(k_cache.shape[0] - 1, 0))
@@ -38,12 +40,13 @@ def decode_attention(
     block_table: torch.Tensor | None,
     scale: float,
     causal: bool,
+    cache_layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of the interface's math (see ``decode_interfaces``)."""
     wide = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, new, heads_q, _ = q.shape
-    heads_kv = k_cache.shape[2]
-    keys, values = sequence_caches(k_cache, v_cache, block_table, batch)
+    keys, values = sequence_caches(k_cache, v_cache, block_table, batch, cache_layout)
+    heads_kv = keys.shape[2]
     lengths = cache_seqlens.long().clamp(0, keys.shape[1])[:, None, None]  # (B, 1, 1)
     positions = torch.arange(keys.shape[1], device=q.device)
     seen = positions < lengths  # (B, 1, capacity)
@@ -70,17 +73,18 @@ class TorchDecodeAttention(Kernel, DecodeAttentionFwdInterface):
     devices = frozenset({"cpu"})
     general = True
 
-    def __init__(self, scale: float, causal: bool) -> None:
+    def __init__(self, scale: float, causal: bool, cache_layout: str) -> None:
         super().__init__()
-        self.scale, self.causal = scale, causal
+        self.scale, self.causal, self.cache_layout = scale, causal, cache_layout
 
     @classmethod
     def entry_for(cls, call: DecodeAttentionCall):
-        return (call.scale, call.causal), lambda: cls(call.scale, call.causal)
+        settings = (call.scale, call.causal, call.cache_layout)
+        return settings, lambda: cls(*settings)
 
     @torch.no_grad()
     def forward(self, q, k_cache, v_cache, cache_seqlens, block_table):
-        return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, self.scale, self.causal)
+        return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, self.scale, self.causal, self.cache_layout)
 
 
 class TorchDecodeAttentionCuda(TorchDecodeAttention):

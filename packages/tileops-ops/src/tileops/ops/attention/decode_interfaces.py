@@ -2,7 +2,8 @@
 ``DecodeAttentionFwdOp`` (in-tree or a backend's) is written against.
 
 Kernels see the op's inputs as the call path hands them: contiguous ``q`` (B, S, Hq, D), caches
-``k_cache`` and ``v_cache`` (N, L, Hkv, D), ``cache_seqlens`` (B,) int32 and, for a paged cache,
+``k_cache`` and ``v_cache`` (N, L, Hkv, D), or (N, Hkv, L, D) where the call spec's
+``cache_layout`` is ``"bhsd"``, ``cache_seqlens`` (B,) int32 and, for a paged cache,
 ``block_table`` (B, MP) int32 (None for a contiguous one), all on the call's device. The math,
 for sequence b, new token s and query head h reading kv head h // (Hq / Hkv)::
 
@@ -13,7 +14,8 @@ for sequence b, new token s and query head h reading kv head h // (Hq / Hkv)::
     o      = sum(exp(scores - lse) * v[b, p])          0 where nothing is seen
 
 where k[b, p] is ``k_cache[b, p]`` contiguous, and ``k_cache[block_table[b, p // L], p % L]``
-paged (the entry clamped to [0, N)). No implementation may read the lengths on the host: a
+paged (the entry clamped to [0, N)), each a (Hkv, D) slice (``k_cache[b, :, p]`` and
+``k_cache[page, :, p % L]`` in the bhsd layout). No implementation may read the lengths on the host: a
 call is captured in CUDA graphs whose replays change ``cache_seqlens``.
 """
 
@@ -31,8 +33,9 @@ from tileops.core import CallSpec, KernelInterface
 class DecodeAttentionCall(CallSpec):
     """The facts of one decode-attention call that select and build its kernel.
 
-    ``page_size`` is the caches' second dimension when the call is paged and 0 when it is not;
-    ``scale`` is the value used (1 / sqrt(head_dim) where the op's param is None). The batch,
+    ``page_size`` is the positions of a page when the call is paged and 0 when it is not;
+    ``scale`` is the value used (1 / sqrt(head_dim) where the op's param is None);
+    ``cache_layout`` is ``"bshd"`` (caches (N, L, Hkv, D)) or ``"bhsd"`` ((N, Hkv, L, D)). The batch,
     the cache's length and the page count are not part of the spec, so that the next decode
     step, another batch or a longer cache reuses the kernel built.
     """
@@ -45,6 +48,7 @@ class DecodeAttentionCall(CallSpec):
     page_size: int
     scale: float
     causal: bool
+    cache_layout: str
 
 
 class DecodeAttentionFwdInterface(KernelInterface):

@@ -11,10 +11,12 @@ would call it for the same decode step.
   outside the timed call. Its causal masking is aligned to the top left, so several causal new
   tokens are refused (the op's mask is bottom-right aligned). Neither backend returns lse.
 * flash-attn's ``flash_attn_with_kvcache`` takes the op's call as it is (contiguous caches, or a
-  paged pool with its block table, pages of a multiple of 256) and returns lse.
+  paged pool with its block table, pages of a multiple of 256; positions before heads) and
+  returns lse.
 * FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (one new token): its page table (indptr,
   page indices, last page lengths) is planned once outside the timed call from the block table
-  and the lengths; contiguous caches are pages of the whole cache's length, one per sequence.
+  and the lengths; contiguous caches are pages of the whole cache's length, one per sequence;
+  heads-first caches are its ``HND`` layout.
 
 The adapters read the lengths on the host while they set up, never inside the timed call.
 """
@@ -30,10 +32,16 @@ FLASHINFER_DECODE = "flashinfer:BatchDecodeWithPagedKVCacheWrapper"
 FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
-def _contiguous_caches(inputs):
-    """(k, v) as (B, capacity, Hkv, D): the op's own, or a paged pool gathered in table order
-    (entries clamped to the pool, as the op reads them)."""
+def _heads_first(params) -> bool:
+    return params.get("cache_layout", "bshd") == "bhsd"
+
+
+def _contiguous_caches(inputs, params):
+    """(k, v) as (B, capacity, Hkv, D): the op's own (views of heads-first caches), or a paged
+    pool gathered in table order (entries clamped to the pool, as the op reads them)."""
     k_cache, v_cache, table = inputs["k_cache"], inputs["v_cache"], inputs.get("block_table")
+    if _heads_first(params):
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     if table is None:
         return k_cache[: inputs["q"].shape[0]], v_cache[: inputs["q"].shape[0]]
     pages = table.long().clamp(0, k_cache.shape[0] - 1)
@@ -49,7 +57,7 @@ def _sdpa(backend: str):
         q = inputs["q"]
         if params.get("causal", True) and q.shape[1] > 1:
             return "aligns causal masking to the top left; the op's new tokens are bottom-right aligned"
-        keys, values = _contiguous_caches(inputs)
+        keys, values = _contiguous_caches(inputs, params)
         lengths = inputs["cache_seqlens"].clamp(0, keys.shape[1]).tolist()
         chosen = getattr(SDPBackend, backend)
         options = {"scale": params.get("scale"), "enable_gqa": q.shape[2] != keys.shape[2]}
@@ -75,6 +83,8 @@ def _sdpa(backend: str):
 
 
 def _flash_attn(function, inputs, params):
+    if _heads_first(params):
+        return "takes caches with the positions before the heads (bshd) only"
     table = inputs.get("block_table")
     if table is not None and inputs["k_cache"].shape[1] % 256:
         return "takes paged caches with pages of a multiple of 256 positions only"
@@ -90,7 +100,7 @@ def _flashinfer(wrapper_class, inputs, params):
     q, k_cache, v_cache, table = inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs.get("block_table")
     if q.shape[1] != 1:
         return "decodes one new token per sequence (its prefill wrapper serves several)"
-    page_size = k_cache.shape[1]
+    layout, page_size = ("HND", k_cache.shape[2]) if _heads_first(params) else ("NHD", k_cache.shape[1])
     lengths = inputs["cache_seqlens"].clamp(0, page_size * (1 if table is None else table.shape[1])).tolist()
     if min(lengths) < 1:
         return "takes sequences of at least one position"
@@ -106,8 +116,8 @@ def _flashinfer(wrapper_class, inputs, params):
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    heads_q, heads_kv, head_dim = q.shape[2], k_cache.shape[2], q.shape[3]
-    wrapper = wrapper_class(workspace, "NHD", use_tensor_cores=heads_q // heads_kv >= 4)
+    heads_q, heads_kv, head_dim = q.shape[2], k_cache.shape[1 if layout == "HND" else 2], q.shape[3]
+    wrapper = wrapper_class(workspace, layout, use_tensor_cores=heads_q // heads_kv >= 4)
     wrapper.plan(
         int32(indptr), int32(indices), int32([n - (c - 1) * page_size for n, c in zip(lengths, counts)]),
         heads_q, heads_kv, head_dim, page_size, q_data_type=q.dtype, kv_data_type=k_cache.dtype,

@@ -38,7 +38,7 @@ def multiprocessors(device_index: int) -> tuple[int, int, int, int]:
 
 class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
     """Split-KV flash decoding for one (dtype, heads, head size, new tokens, page size, scale,
-    causality, device): float16 and bfloat16, head sizes in multiples of 32 up to 256."""
+    causality, cache layout, device): float16 and bfloat16, head sizes in multiples of 32 up to 256."""
 
     def __init__(self, call: DecodeAttentionCall) -> None:
         super().__init__()
@@ -54,10 +54,11 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         self._split_cost = policy.split_bytes(call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, itemsize)
         self.config = {"block_n": policy.BLOCK_N, "threads": policy.THREADS, "blocks_per_sm": per_sm}
         self._splits: dict[tuple[int, int], int] = {}
+        self._positions_at = 1 if call.cache_layout == "bshd" else 2  # of the caches' dimensions
         target = compile_target(call.device)
         attend = (
             call.dtype, call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, call.page_size, call.scale,
-            call.causal,
+            call.causal, call.cache_layout,
         )
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             whole = pool.submit(programs.compile_attend, *attend, target, split=False, **self.config)
@@ -87,7 +88,7 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
 
     def forward(self, q, k_cache, v_cache, cache_seqlens, block_table):
         batch, new_tokens, heads_q, head_dim = q.shape
-        capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+        capacity = k_cache.shape[self._positions_at] * (1 if block_table is None else block_table.shape[1])
         count = self.splits_for(batch, capacity)
         o = torch.empty_like(q)
         lse = torch.empty((batch, heads_q, new_tokens), dtype=torch.float32, device=q.device)

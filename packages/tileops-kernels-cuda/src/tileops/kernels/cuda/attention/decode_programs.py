@@ -15,7 +15,10 @@ Cache rows are loaded through a guarded copy that writes zeros for positions at 
 length: the memory past a sequence's length is whatever the caller's cache holds there (torch.empty
 garbage, NaN included), and a NaN value times a zero weight would still be NaN. A paged cache is
 read row by row through the block table (row p of sequence b: page ``block_table[b, p // page]``,
-row ``p % page``), which serves every page size, smaller than a tile or larger.
+row ``p % page``), which serves every page size, smaller than a tile or larger. The cache layout
+(``bshd``: a position's kv heads side by side; ``bhsd``: a kv head's positions side by side, as
+transformers' caches) only changes the index of a cache element: a block reads one kv head's
+rows of D contiguous elements either way.
 
 With ``split`` the block writes its partial output and base-2 log-sum-exp in float32 to
 ``o_part`` (NS, B, S, Hq, D) and ``lse_part`` (NS, B, Hq, S), and ``make_merge_program``
@@ -52,6 +55,7 @@ def make_attend_program(
     page_size: int,
     scale: float,
     causal: bool,
+    cache_layout: str,
     *,
     split: bool,
     block_n: int,
@@ -81,7 +85,15 @@ def make_attend_program(
     capacity = pages * page_size if paged else length_dim
 
     q_shape = (batch, new_tokens, heads_q, dim)
-    cache_shape = (cache_rows, length_dim, heads_kv, dim)
+    heads_first = cache_layout == "bhsd"
+    cache_shape = (cache_rows, heads_kv, length_dim, dim) if heads_first else (cache_rows, length_dim, heads_kv, dim)
+
+    def element(cache, row, hk, position, d):
+        # Row ``row`` of the caches (a sequence, or a page), position ``position`` within it: an
+        # index expression, built in Python while the program is traced.
+        if heads_first:
+            return cache[row, hk, position, d]
+        return cache[row, position, hk, d]
 
     @T.macro
     def load_tile(cache, shared, block_table, b, hk, start, length):
@@ -90,11 +102,11 @@ def make_attend_program(
             for j, d in T.Parallel(block_n, dim):
                 p = start + j
                 page = T.max(T.min(block_table[b, T.min(p // page_size, pages - 1)], cache_rows - 1), 0)
-                shared[j, d] = T.if_then_else(p < length, cache[page, p % page_size, hk, d], T.cast(0, dt))
+                shared[j, d] = T.if_then_else(p < length, element(cache, page, hk, p % page_size, d), T.cast(0, dt))
         else:
             for j, d in T.Parallel(block_n, dim):
                 p = start + j
-                shared[j, d] = T.if_then_else(p < length, cache[b, p, hk, d], T.cast(0, dt))
+                shared[j, d] = T.if_then_else(p < length, element(cache, b, hk, p, d), T.cast(0, dt))
 
     @T.macro
     def body(q, k_cache, v_cache, cache_seqlens, block_table, o_out, lse_out):
@@ -260,15 +272,18 @@ def make_merge_program(dtype: torch.dtype, heads_q: int, head_dim: int, new_toke
     return main
 
 
-def compile_attend(dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, target, **config):
+def compile_attend(dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, cache_layout, target,
+                   **config):
     """The compiled attend kernel of one configuration for ``target``, once per process (and on disk)."""
     identity = (
-        "decode-attend", dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, float(scale), causal,
+        "decode-attend", dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, float(scale), causal, cache_layout,
         tuple(sorted(config.items())),
     )
     return compile_once(
         identity,
-        lambda: make_attend_program(dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, **config),
+        lambda: make_attend_program(
+            dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, cache_layout, **config
+        ),
         hopper_target(target),
     )
 
