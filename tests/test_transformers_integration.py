@@ -174,7 +174,8 @@ def test_generate_runs_with_the_kv_cache_and_picks_the_same_tokens(architecture,
     generated = model.generate(ids, **options)
     assert generated.shape == (2, 9)
     assert torch.equal(generated, reference.generate(ids, **options))
-    assert sdpa_calls == []  # the prefill and each decode step (1 query over the cache) ran on the op
+    assert sdpa_calls == []  # the prefill and each decode step (1 query over the cache) ran on the ops
+    assert model.model.layers[0].self_attn.tileops_attention.decode.built_kernels()  # the steps' op
 
     # Left padding in a batch: the mask builder gives a mask, and those calls go to sdpa.
     mask = torch.ones_like(ids)
@@ -193,6 +194,7 @@ def test_attention_without_a_mask_computes_what_sdpa_computes():
     _, model, _ = patched_pair("llama")
     module = model.model.layers[0].self_attn
     key, value = torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
+    assert not module.tileops_attention.decode.built_kernels()
     for q_length in (1, 3, 7):
         query = torch.randn(2, 4, q_length, 16)
         got, weights = attention.attention(module, query, key, value, None, scaling=module.scaling)
@@ -200,6 +202,8 @@ def test_attention_without_a_mask_computes_what_sdpa_computes():
                                                                     enable_gqa=True)
         torch.testing.assert_close(got, expected.transpose(1, 2))
         assert weights is None
+        # One query over the cache is a decode step: the decode op reads the cache heads first.
+        assert module.tileops_attention.decode.built_kernels() or q_length > 1
     query = torch.randn(2, 4, 7, 16)
     window = attention.attention(module, query, key, value, None, scaling=module.scaling, sliding_window=3)[0]
     i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
@@ -446,6 +450,8 @@ def test_on_cuda_the_patched_model_computes_trains_and_generates_as_the_unpatche
     # Greedy tokens of a bfloat16 model may part where two logits tie within rounding: the first
     # new token, from the same prompt, must agree.
     assert torch.equal(generated[:, 8], reference.generate(ids[:, :8], **options)[:, 8])
+    # The decode steps ran on the decode op's TileLang kernel, over the cache heads first.
+    assert [key for key, _ in layer.self_attn.tileops_attention.decode.built_kernels()] == ["tilelang"]
 
 
 @pytest.mark.gpu

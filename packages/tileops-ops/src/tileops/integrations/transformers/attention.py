@@ -8,12 +8,16 @@ and hands each attention module the ``AttentionFwdOp`` instances it calls (ops a
 computes, on the op, what it computes where no mask tensor is given: the mask builder gives none
 for a causal call without padding (training, a prefill, a decode step of one token per sequence
 over a ``DynamicCache``). The op's causal mask is aligned to the bottom right, so a query's row
-sees the keys of the tokens before it in the cache. Where the call cannot be expressed by the op,
+sees the keys of the tokens before it in the cache. A decode step (one query per sequence over
+keys the cache holds contiguously, heads first) runs on ``DecodeAttentionFwdOp`` over the cache
+as it is (``cache_layout="bhsd"``), every sequence's length the keys' count: its kernels read a
+kv head's keys once for the query heads of its group, where ``AttentionFwdOp`` reads them for
+each. Where the call cannot be expressed by the op,
 ``attention()`` calls transformers' ``sdpa`` function instead, for that call, and the result is
 the same as unpatched:
 
-* a mask tensor (padding in a batch, a static cache's unfilled rows, packed sequences): the op
-  takes no arbitrary mask;
+* a mask tensor (padding in a batch, a static cache's unfilled rows, packed sequences): the ops
+  take no arbitrary mask;
 * attention dropout in training, ``softcap``, ``output_attentions``, a position bias, or an
   ``is_causal`` that differs from the module's;
 * a module without the ops of the call's window (a model loaded with
@@ -37,7 +41,7 @@ from typing import Any
 
 import torch
 
-from tileops.ops import AttentionFwdOp, RotaryEmbeddingFwdOp
+from tileops.ops import AttentionFwdOp, DecodeAttentionFwdOp, RotaryEmbeddingFwdOp
 
 IMPLEMENTATION = "tileops"
 
@@ -58,13 +62,14 @@ def register() -> None:
 
 
 class AttentionOps:
-    """The ``AttentionFwdOp`` instances one attention module calls, by (qkv_layout, window),
-    built for its causality and scale and bound to one target. Shared by the modules that need
-    the same ops."""
+    """The ``AttentionFwdOp`` instances one attention module calls, by (qkv_layout, window), and
+    the ``DecodeAttentionFwdOp`` of its decode steps (``decode``), built for its causality and
+    scale and bound to one target. Shared by the modules that need the same ops."""
 
     def __init__(self, causal: bool, scale: float | None, target: str | None) -> None:
         self.causal, self.scale, self.target = causal, scale, target
         self.ops: dict[tuple[str, int | None], AttentionFwdOp] = {}
+        self.decode = DecodeAttentionFwdOp(scale, causal, cache_layout="bhsd", target=target)
 
     def build(self, window: int | None) -> None:
         for layout in ("bshd", "bhsd"):
@@ -98,8 +103,15 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                    or (is_causal is not None and is_causal != causal) or ops is None or ops.causal != causal
                    or (scaling is not None and scaling != ops.scale))
     if not unsupported:
-        q_length = query.shape[2]
-        if causal and 1 < q_length < key.shape[2]:
+        q_length, k_length = query.shape[2], key.shape[2]
+        tracked = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+        if (q_length == 1 < k_length and not tracked and key.is_contiguous() and value.is_contiguous()
+                and (sliding_window is None or k_length <= sliding_window)):
+            # A decode step over the whole cache (within the window, if any); the decode op is
+            # inference only, so a call that records gradients stays on AttentionFwdOp.
+            lengths = torch.full((query.shape[0],), k_length, dtype=torch.int32, device=query.device)
+            return ops.decode(query.transpose(1, 2), key, value, lengths)[0], None
+        if causal and 1 < q_length < k_length:
             # No mask with more keys than queries: a prefill into an empty static cache, whose rows
             # past the queries are unfilled; the mask builder aligns it to the top left.
             key, value = key[:, :, :q_length], value[:, :, :q_length]
