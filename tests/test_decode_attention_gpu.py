@@ -1,7 +1,7 @@
 """GPU tier: DecodeAttentionFwdOp's TileLang kernels on CUDA against the float32 reference and an
 explicit SDPA per sequence: every manifest workload; contiguous and paged caches (pages of 16 and
-256) with NaN past every length and in the spare pages, positions first and heads first
-(transformers' layout); lengths of 0, 1, a tile's multiple and not; several causal new tokens,
+256) with NaN past every length, in the spare pages and where a key mask hides a position,
+positions first and heads first (transformers' layout); lengths of 0, 1, a tile's multiple and not; several causal new tokens,
 some seeing nothing; head sizes 64, 128 and 256; GQA 32/8 and 64/8, MQA and MHA; the split and
 the unsplit launch; clamped lengths; a q sliced from a fused qkv projection; the plain-torch
 fallback; torch.compile(fullgraph=True); and decode loops captured in a CUDA graph and replayed
@@ -17,7 +17,9 @@ import math
 import pytest
 import torch
 
-from test_decode_attention_ops import assert_matches, heads_first, make_call, per_sequence_reference
+from test_decode_attention_ops import (
+    assert_matches, heads_first, hide_with_nan, make_call, padding_mask, per_sequence_reference,
+)
 from tileops.ops import FAMILIES, DecodeAttentionFwdOp
 from tileops.ops.attention.decode_cpu import decode_attention
 from helpers import workload_params
@@ -81,6 +83,18 @@ def test_heads_first_caches_match_sdpa_per_sequence_with_nan_past_every_length(p
     o, lse = op(*heads_first(call))
     assert _served_by(op) == {"tilelang"}
     assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, call[4]), TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: "contiguous" if p is None else f"paged-{p}")
+def test_a_key_mask_hides_positions_and_the_nan_the_cache_holds_there(layout, page_size):
+    call = make_call(LENGTHS, 1, 32, 8, 128, page_size=page_size, dtype=torch.bfloat16, device="cuda")
+    mask = padding_mask(LENGTHS, 4000).cuda()  # hides the tail of the 8193 positions too
+    hide_with_nan(call, LENGTHS, mask)
+    op = DecodeAttentionFwdOp(cache_layout=layout)
+    o, lse = op(*(call if layout == "bshd" else heads_first(call)), key_mask=mask)
+    assert _served_by(op) == {"tilelang"}
+    assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, call[4], key_mask=mask), TOLERANCE[torch.bfloat16])
 
 
 @pytest.mark.parametrize("scale", [None, 0.05])

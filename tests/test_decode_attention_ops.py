@@ -81,10 +81,11 @@ def make_call(
     return q.to(device), k_cache.to(device), v_cache.to(device), seqlens, block_table
 
 
-def per_sequence_reference(q, k_cache, v_cache, lengths, block_table, *, scale=None, causal=True):
+def per_sequence_reference(q, k_cache, v_cache, lengths, block_table, *, scale=None, causal=True, key_mask=None):
     """(o, lse) in float64, one sequence at a time: its first ``lengths[b]`` positions gathered
     (through the block table where paged) and handed to ``F.scaled_dot_product_attention`` with
-    the new tokens' causal mask; the log-sum-exp written out; a row that sees nothing is 0, -inf."""
+    the new tokens' causal mask (and the positions ``key_mask`` shows); the log-sum-exp written
+    out; a row that sees nothing is 0, -inf."""
     batch, new, heads_q, head_dim = q.shape
     heads_kv = k_cache.shape[2]
     scale = head_dim**-0.5 if scale is None else scale
@@ -100,6 +101,13 @@ def per_sequence_reference(q, k_cache, v_cache, lengths, block_table, *, scale=N
         query = q[b].cpu().double().transpose(0, 1)  # (Hq, S, D)
         positions = torch.arange(n)
         seen = (positions <= n - new + torch.arange(new)[:, None]) if causal else torch.ones(new, n, dtype=torch.bool)
+        if key_mask is not None:
+            shown = torch.zeros(n, dtype=torch.bool)
+            width = min(n, key_mask.shape[1])
+            shown[:width] = key_mask[b, :width].cpu()
+            seen = seen & shown
+            # A hidden position's garbage (NaN) must not reach the reference either.
+            keys, values = torch.where(shown[None, :, None], keys, 0), torch.where(shown[None, :, None], values, 0)
         empty = ~seen.any(-1)  # (S,)
         o = F.scaled_dot_product_attention(query, keys, values, attn_mask=seen, scale=scale)
         o = torch.where(empty[:, None], 0.0, o)
@@ -142,6 +150,43 @@ def test_heads_first_caches_give_what_the_same_caches_give_positions_first(page_
     # The kv heads are the caches' second dimension: 2 of 8 query heads' groups, not 300 positions.
     with pytest.raises(OpArgumentError, match="Hq must be a multiple of the kv heads"):
         DecodeAttentionFwdOp(cache_layout="bhsd")(*call)
+
+
+def padding_mask(lengths, width, *, seed=0):
+    """A key mask (B, width) of left padding (the first ``b % 3`` positions of sequence b hidden)
+    and a few other hidden positions, as a padded batch's attention mask has them."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(len(lengths), width, generator=generator) > 0.1
+    for b in range(len(lengths)):
+        mask[b, : b % 3] = False
+    return mask
+
+
+def hide_with_nan(call, lengths, mask) -> None:
+    """Write NaN into the keys of ``call``'s caches (positions first) where ``mask`` hides a
+    position a sequence holds: a hidden position must not be read."""
+    _, k_cache, _, _, table = call
+    for b, n in enumerate(lengths):
+        hidden = (~mask[b, :n].cpu()).nonzero().flatten().to(k_cache.device)
+        if table is None:
+            k_cache[b, hidden] = float("nan")
+        else:
+            page_size = k_cache.shape[1]
+            k_cache[table[b, hidden // page_size].long(), hidden % page_size] = float("nan")
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: "contiguous" if p is None else f"paged-{p}")
+@pytest.mark.parametrize("width", [40, 600], ids=["narrower", "wider"])
+def test_a_key_mask_hides_positions_and_what_the_cache_holds_there(layout, page_size, width):
+    lengths = [0, 1, 2, 64, 300, 513]
+    call = make_call(lengths, 2, 8, 2, 32, page_size=page_size)
+    mask = padding_mask(lengths, width)
+    hide_with_nan(call, lengths, mask)
+    given = call if layout == "bshd" else heads_first(call)
+    o, lse = DecodeAttentionFwdOp(cache_layout=layout)(*given, key_mask=mask)
+    # Positions past the mask's width are hidden: a narrower mask hides the tails of long sequences.
+    assert_matches(o, lse, per_sequence_reference(*call[:3], lengths, call[4], key_mask=mask), 1e-5)
 
 
 def test_a_cache_layout_other_than_the_two_is_refused_at_construction():
@@ -276,7 +321,7 @@ def test_the_peer_table_names_the_op_and_callables_as_module_attribute():
 
     assert list(decode_peers.DECODE_PEERS) == ["DecodeAttentionFwdOp"]
     columns = decode_peers.DECODE_PEERS["DecodeAttentionFwdOp"]
-    assert list(columns) == ["SDPA flash", "SDPA cuDNN", "flash-attn", "FlashInfer"]
+    assert list(columns) == ["SDPA flash", "SDPA cuDNN", "SDPA efficient", "flash-attn", "FlashInfer"]
     assert all(reference.count(":") == 1 and callable(adapter) for reference, adapter in columns.values())
 
 
@@ -290,6 +335,14 @@ def _inputs(lengths, page_size=None, new_tokens=1):
     names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
     call = make_call(lengths, new_tokens, 8, 2, 32, page_size=page_size, garbage=0.0)
     return {name: tensor for name, tensor in zip(names, call) if tensor is not None}
+
+
+def _math_sdpa(*args, **options):
+    """SDPA on its math backend, whatever backend the caller pinned."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(*args, **options)
 
 
 def _heads_first(inputs):
@@ -306,6 +359,11 @@ def test_the_sdpa_adapter_computes_the_op_with_sdpa_on_the_caches_heads_first(pa
     torch.testing.assert_close(call(), o, atol=1e-5, rtol=1e-5)
     heads_first_call = _peer("SDPA flash")(F.scaled_dot_product_attention, _heads_first(inputs), {"cache_layout": "bhsd"})
     torch.testing.assert_close(heads_first_call(), o, atol=1e-5, rtol=1e-5)
+    masked = dict(inputs, key_mask=padding_mask(lengths, 30))
+    masked_call = _peer("SDPA efficient")(_math_sdpa, masked, {})  # the backend pinned is CUDA's
+    torch.testing.assert_close(masked_call(), DecodeAttentionFwdOp()(*inputs.values(), key_mask=masked["key_mask"])[0],
+                               atol=1e-5, rtol=1e-5)
+    assert _peer("SDPA flash")(F.scaled_dot_product_attention, masked, {}) == "takes no attention mask"
     refused = _peer("SDPA cuDNN")(F.scaled_dot_product_attention, _inputs([5], new_tokens=2), {"causal": True})
     assert refused == "aligns causal masking to the top left; the op's new tokens are bottom-right aligned"
 
@@ -321,6 +379,7 @@ def test_the_flash_attn_adapter_passes_the_call_as_flash_attn_with_kvcache_takes
     assert options["softmax_scale"] == 0.1 and options["causal"] and options["return_softmax_lse"]
     assert "multiple of 256" in _peer("flash-attn")(None, _inputs([3], 16), {})
     assert "(bshd) only" in _peer("flash-attn")(None, _inputs([3], 256), {"cache_layout": "bhsd"})
+    assert _peer("flash-attn")(None, dict(inputs, key_mask=padding_mask([3, 40], 40)), {}) == "takes no key mask"
 
 
 def test_the_flashinfer_adapter_plans_the_page_table_of_the_block_table_and_lengths():

@@ -95,8 +95,8 @@ def launches(monkeypatch):
     return launched
 
 
-def _call(page_size=0, new_tokens=1, cache_layout="bshd"):
-    return DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 128, new_tokens, page_size, 128**-0.5, True, cache_layout)
+def _call(page_size=0, new_tokens=1, cache_layout="bshd", masked=False):
+    return DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 128, new_tokens, page_size, 128**-0.5, True, cache_layout, masked)
 
 
 def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
@@ -104,7 +104,7 @@ def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
     assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 5}
     q, k = torch.randn(1, 1, 32, 128).bfloat16(), torch.randn(1, 32768, 8, 128).bfloat16()
     seqlens = torch.tensor([20000], dtype=torch.int32)
-    o, lse = kernel.forward(q, k, k, seqlens, None)
+    o, lse = kernel.forward(q, k, k, seqlens, None, None)
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (1, 32, 1) and lse.dtype == torch.float32
     (attend, attended), (merge, merged) = launches
     assert attend == "attend-split" and merge == "merge"
@@ -118,7 +118,7 @@ def test_a_batch_that_fills_the_gpu_runs_unsplit_and_a_paged_call_passes_its_blo
     kernel = kernels.TileLangDecodeAttention(_call(page_size=16))
     q, pool = torch.randn(128, 1, 32, 128).bfloat16(), torch.randn(128 * 256, 16, 8, 128).bfloat16()
     seqlens, table = torch.full((128,), 4096, dtype=torch.int32), torch.zeros(128, 256, dtype=torch.int32)
-    o, lse = kernel.forward(q, pool, pool, seqlens, table)
+    o, lse = kernel.forward(q, pool, pool, seqlens, table, None)
     ((attend, tensors),) = launches
     assert attend == "attend-whole" and tensors[:5] == (q, pool, pool, seqlens, table)
     assert tensors[5] is o and tensors[6] is lse
@@ -128,18 +128,21 @@ def test_a_batch_that_fills_the_gpu_runs_unsplit_and_a_paged_call_passes_its_blo
 
 def test_heads_first_caches_are_split_by_their_positions_the_third_dimension(launches):
     # transformers' caches (B, Hkv, L, D): the split rule reads the capacity from dimension 2,
-    # so the call splits as the same cache in the bshd layout does (82 splits at 32k).
-    kernel = kernels.TileLangDecodeAttention(_call(cache_layout="bhsd"))
+    # so the call splits as the same cache in the bshd layout does (82 splits at 32k). Masked,
+    # as transformers' static cache's decode steps are.
+    kernel = kernels.TileLangDecodeAttention(_call(cache_layout="bhsd", masked=True))
     q, k = torch.randn(1, 1, 32, 128).bfloat16(), torch.randn(1, 8, 32768, 128).bfloat16()
-    kernel.forward(q, k, k, torch.tensor([20000], dtype=torch.int32), None)
+    mask = torch.ones(1, 32768, dtype=torch.bool)
+    kernel.forward(q, k, k, torch.tensor([20000], dtype=torch.int32), None, mask)
     (attend, attended), _ = launches
-    assert attend == "attend-split" and attended[4].shape == (82, 1, 1, 32, 128)
+    # The key mask follows the lengths, before the outputs.
+    assert attend == "attend-split" and attended[4] is mask and attended[5].shape == (82, 1, 1, 32, 128)
 
 
 def test_refusals_leave_float32_and_odd_head_sizes_to_the_plain_torch_implementation():
     assert kernels.TileLangDecodeAttention.refusal(_call()) is None
-    odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True, "bshd")
-    wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True, "bhsd")
+    odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True, "bshd", False)
+    wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True, "bhsd", True)
     assert "not 80" in kernels.TileLangDecodeAttention.refusal(odd)
     assert "float32" in kernels.TileLangDecodeAttention.refusal(wide)
 
@@ -152,18 +155,18 @@ from tileops.kernels.cuda.attention import decode_programs as programs
 target = {"kind": "cuda", "arch": "sm_90"}
 # One build per kind: attend over a contiguous cache (split), attend over a paged one (unsplit,
 # pages of 16, several causal new tokens, another dtype and head size, heads-first pages as
-# transformers' caches hold them), and the merge.
+# transformers' caches hold them, a key mask), and the merge.
 builds = [
-    ("attend", programs.compile_attend(torch.bfloat16, 32, 8, 128, 1, 0, 128**-0.5, True, "bshd", target,
+    ("attend", programs.compile_attend(torch.bfloat16, 32, 8, 128, 1, 0, 128**-0.5, True, "bshd", False, target,
                                        split=True, block_n=64, threads=128, blocks_per_sm=5)),
-    ("attend_paged", programs.compile_attend(torch.float16, 64, 8, 64, 3, 16, 0.125, True, "bhsd", target,
+    ("attend_paged", programs.compile_attend(torch.float16, 64, 8, 64, 3, 16, 0.125, True, "bhsd", True, target,
                                              split=False, block_n=64, threads=128, blocks_per_sm=3)),
     ("merge", programs.compile_merge(torch.bfloat16, 32, 128, 1, target)),
 ]
 for name, kernel in builds:
     source = kernel.get_kernel_source()
     body = source[source.index("__launch_bounds__"):]
-    print(name, body[:body.index(")") + 1], "mma_sync" in body, "block_table" in body, "exp2f" in body)
+    print(name, body[:body.index(")") + 1], "mma_sync" in body, "block_table" in body, "key_mask" in body, "exp2f" in body)
 """
 
 
@@ -172,9 +175,10 @@ def test_each_kernel_kind_compiles_for_sm90(tmp_path):
     result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.split()[:1] in (["attend"], ["attend_paged"], ["merge"])]
-    # name, launch bounds (threads, blocks per multiprocessor), tensor-core MMAs, block table, exp2
+    # name, launch bounds (threads, blocks per multiprocessor), tensor-core MMAs, block table,
+    # key mask, exp2
     assert lines == [
-        ["attend", "__launch_bounds__(128,", "5)", "True", "False", "True"],
-        ["attend_paged", "__launch_bounds__(128,", "3)", "True", "True", "True"],
-        ["merge", "__launch_bounds__(128,", "1)", "False", "False", "True"],
+        ["attend", "__launch_bounds__(128,", "5)", "True", "False", "False", "True"],
+        ["attend_paged", "__launch_bounds__(128,", "3)", "True", "True", "True", "True"],
+        ["merge", "__launch_bounds__(128,", "1)", "False", "False", "False", "True"],
     ], result.stdout[-3000:]

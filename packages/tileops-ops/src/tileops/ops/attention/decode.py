@@ -4,9 +4,9 @@ the new keys and values: the caller's cache update does that).
 
 The op builds the call spec from the call's shapes and its params (the scale resolved to
 1 / sqrt(D) where it is None) and hands the inputs to the implementation selection picks, as the
-call path made them: contiguous, on one device. Nothing here reads ``cache_seqlens`` or
-``block_table`` on the host, so a call can be captured in a CUDA graph and replayed with other
-lengths. Inference only: the manifest names no backward op.
+call path made them: contiguous, on one device. Nothing here reads ``cache_seqlens``,
+``block_table`` or ``key_mask`` on the host, so a call can be captured in a CUDA graph and
+replayed with other lengths and masks. Inference only: the manifest names no backward op.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from .decode_interfaces import DecodeAttentionFwdInterface
 
 class DecodeAttentionFwdOp(Op):
     """Decode attention over a KV cache:
-    ``op(q, k_cache, v_cache, cache_seqlens, block_table=None) -> (o, lse)``; caches (N, L, Hkv,
-    D), or (N, Hkv, L, D) with ``cache_layout="bhsd"``."""
+    ``op(q, k_cache, v_cache, cache_seqlens, block_table=None, key_mask=None) -> (o, lse)``;
+    caches (N, L, Hkv, D), or (N, Hkv, L, D) with ``cache_layout="bhsd"``."""
 
     manifest_file = files("tileops.ops") / "manifest" / "attention_decode.yaml"
     kernel_interfaces = (DecodeAttentionFwdInterface,)
@@ -38,26 +38,28 @@ class DecodeAttentionFwdOp(Op):
         # Where the caches hold the positions and the kv heads: (N, L, Hkv, D) or (N, Hkv, L, D).
         self._positions_at, self._heads_at = (1, 2) if cache_layout == "bshd" else (2, 1)
 
-    def call_spec(self, interface, device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size):
+    def call_spec(self, interface, device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, masked):
         """The call spec of ``kernel_for(interface, device, dtype, heads_q, heads_kv, head_dim,
-        new_tokens, page_size)``: forward passes what varies between calls; the scale, the
-        causal flag and the cache layout are the instance's."""
+        new_tokens, page_size, masked)``: forward passes what varies between calls; the scale,
+        the causal flag and the cache layout are the instance's."""
         p = self.params
         scale = 1.0 / math.sqrt(head_dim) if p["scale"] is None else p["scale"]
         return interface.call_spec(
-            device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, p["causal"], p["cache_layout"]
+            device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, p["causal"], p["cache_layout"],
+            masked,
         )
 
-    def _fields(self, q, k_cache, paged: bool) -> tuple:
+    def _fields(self, q, k_cache, paged: bool, masked: bool) -> tuple:
         """What ``kernel_for`` takes after the interface and the device, from the call's shapes."""
         page_size = k_cache.shape[self._positions_at] if paged else 0
-        return q.dtype, q.shape[2], k_cache.shape[self._heads_at], q.shape[3], q.shape[1], page_size
+        return q.dtype, q.shape[2], k_cache.shape[self._heads_at], q.shape[3], q.shape[1], page_size, masked
 
     def call_specs(self, device, inputs):
         """The call spec a call with ``inputs`` (descriptions) gets, built as ``forward`` builds it."""
-        fields = self._fields(inputs["q"], inputs["k_cache"], "block_table" in inputs)
+        fields = self._fields(inputs["q"], inputs["k_cache"], "block_table" in inputs, "key_mask" in inputs)
         return {DecodeAttentionFwdInterface: self.call_spec(DecodeAttentionFwdInterface, device, *fields)}
 
-    def forward(self, q, k_cache, v_cache, cache_seqlens, block_table):
-        kernel = self.kernel_for(DecodeAttentionFwdInterface, q.device, *self._fields(q, k_cache, block_table is not None))
-        return kernel.forward(q, k_cache, v_cache, cache_seqlens, block_table)
+    def forward(self, q, k_cache, v_cache, cache_seqlens, block_table, key_mask):
+        fields = self._fields(q, k_cache, block_table is not None, key_mask is not None)
+        kernel = self.kernel_for(DecodeAttentionFwdInterface, q.device, *fields)
+        return kernel.forward(q, k_cache, v_cache, cache_seqlens, block_table, key_mask)

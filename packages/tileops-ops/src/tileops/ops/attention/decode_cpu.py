@@ -38,6 +38,7 @@ def decode_attention(
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor,
     block_table: torch.Tensor | None,
+    key_mask: torch.Tensor | None,
     scale: float,
     causal: bool,
     cache_layout: str,
@@ -50,8 +51,13 @@ def decode_attention(
     lengths = cache_seqlens.long().clamp(0, keys.shape[1])[:, None, None]  # (B, 1, 1)
     positions = torch.arange(keys.shape[1], device=q.device)
     seen = positions < lengths  # (B, 1, capacity)
-    # The cache past a sequence's length is not read: whatever it holds (NaN from torch.empty)
-    # must not reach a score or the output through a zero weight.
+    if key_mask is not None:  # positions past the mask's width are hidden
+        capacity = keys.shape[1]
+        shown = torch.zeros((batch, capacity), dtype=torch.bool, device=q.device)
+        shown[:, : key_mask.shape[1]] = key_mask[:, :capacity]
+        seen = seen & shown[:, None, :]
+    # The cache past a sequence's length (or hidden by the mask) is not read: whatever it holds
+    # (NaN from torch.empty) must not reach a score or the output through a zero weight.
     held = seen[:, 0, :, None, None]
     keys, values = torch.where(held, keys, 0), torch.where(held, values, 0)
     if causal:
@@ -83,8 +89,10 @@ class TorchDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         return settings, lambda: cls(*settings)
 
     @torch.no_grad()
-    def forward(self, q, k_cache, v_cache, cache_seqlens, block_table):
-        return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, self.scale, self.causal, self.cache_layout)
+    def forward(self, q, k_cache, v_cache, cache_seqlens, block_table, key_mask):
+        return decode_attention(
+            q, k_cache, v_cache, cache_seqlens, block_table, key_mask, self.scale, self.causal, self.cache_layout
+        )
 
 
 class TorchDecodeAttentionCuda(TorchDecodeAttention):

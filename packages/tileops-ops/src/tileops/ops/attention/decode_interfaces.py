@@ -4,18 +4,21 @@
 Kernels see the op's inputs as the call path hands them: contiguous ``q`` (B, S, Hq, D), caches
 ``k_cache`` and ``v_cache`` (N, L, Hkv, D), or (N, Hkv, L, D) where the call spec's
 ``cache_layout`` is ``"bhsd"``, ``cache_seqlens`` (B,) int32 and, for a paged cache,
-``block_table`` (B, MP) int32 (None for a contiguous one), all on the call's device. The math,
+``block_table`` (B, MP) int32 (None for a contiguous one), and ``key_mask`` (B, KP) bool or
+None, all on the call's device. The math,
 for sequence b, new token s and query head h reading kv head h // (Hq / Hkv)::
 
     n      = clamp(cache_seqlens[b], 0, capacity)      capacity: L, or MP * L when paged
-    seen   = positions p < n, and p <= n - S + s when causal
+    seen   = positions p < n, and p <= n - S + s when causal, and p < KP and key_mask[b, p]
+             where a key_mask is given
     scores = scale * q[b, s, h] . k[b, p]              over the seen positions p
     lse    = log(sum(exp(scores)))                     -inf where nothing is seen
     o      = sum(exp(scores - lse) * v[b, p])          0 where nothing is seen
 
 where k[b, p] is ``k_cache[b, p]`` contiguous, and ``k_cache[block_table[b, p // L], p % L]``
 paged (the entry clamped to [0, N)), each a (Hkv, D) slice (``k_cache[b, :, p]`` and
-``k_cache[page, :, p % L]`` in the bhsd layout). No implementation may read the lengths on the host: a
+``k_cache[page, :, p % L]`` in the bhsd layout). A position the key mask hides is not read
+either: the cache may hold anything there. No implementation may read the lengths on the host: a
 call is captured in CUDA graphs whose replays change ``cache_seqlens``.
 """
 
@@ -35,7 +38,8 @@ class DecodeAttentionCall(CallSpec):
 
     ``page_size`` is the positions of a page when the call is paged and 0 when it is not;
     ``scale`` is the value used (1 / sqrt(head_dim) where the op's param is None);
-    ``cache_layout`` is ``"bshd"`` (caches (N, L, Hkv, D)) or ``"bhsd"`` ((N, Hkv, L, D)). The batch,
+    ``cache_layout`` is ``"bshd"`` (caches (N, L, Hkv, D)) or ``"bhsd"`` ((N, Hkv, L, D));
+    ``masked`` says whether the call passes a ``key_mask``. The batch,
     the cache's length and the page count are not part of the spec, so that the next decode
     step, another batch or a longer cache reuses the kernel built.
     """
@@ -49,6 +53,7 @@ class DecodeAttentionCall(CallSpec):
     scale: float
     causal: bool
     cache_layout: str
+    masked: bool
 
 
 class DecodeAttentionFwdInterface(KernelInterface):
@@ -62,6 +67,8 @@ class DecodeAttentionFwdInterface(KernelInterface):
         v_cache: torch.Tensor,
         cache_seqlens: torch.Tensor,
         block_table: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(o, lse)``: o of q's shape and dtype, lse (B, Hq, S) float32, computed as the
-        module docstring says, without reading ``cache_seqlens`` or ``block_table`` on the host."""
+        module docstring says, without reading ``cache_seqlens``, ``block_table`` or
+        ``key_mask`` on the host."""

@@ -2,14 +2,17 @@
 merges ``DECODE_PEERS`` into the family's ``PEERS``); each adapter calls its library as a user
 would call it for the same decode step.
 
-* torch's ``scaled_dot_product_attention``, pinned to its flash-attention backend and to its cuDNN
-  backend: it takes (B, H, S, D) tensors (transposed views of the op's: no copy), grouped-query
-  heads through ``enable_gqa``, and no per-sequence length. Where every sequence of the call has
-  the same length (the manifest's workloads fill the caches) one call reads the caches' first
-  ``length`` positions; otherwise it is called once per sequence, as a user without a
-  variable-length decode kernel would. A paged cache is gathered into contiguous caches once,
-  outside the timed call. Its causal masking is aligned to the top left, so several causal new
-  tokens are refused (the op's mask is bottom-right aligned). Neither backend returns lse.
+* torch's ``scaled_dot_product_attention``, pinned to its flash-attention backend, to its cuDNN
+  backend, and to its memory-efficient one, the one that takes a boolean mask (a key mask
+  becomes one, as transformers' sdpa path passes its static cache's decode mask; the other two
+  refuse a key mask): it takes (B, H, S, D) tensors (transposed views of the op's: no copy),
+  grouped-query heads through ``enable_gqa``, and no per-sequence length. Where every sequence
+  of the call has the same length (the manifest's workloads fill the caches) one call reads the
+  caches' first ``length`` positions; otherwise it is called once per sequence, as a user
+  without a variable-length decode kernel would. A paged cache is gathered into contiguous
+  caches once, outside the timed call. Its causal masking is aligned to the top left, so
+  several causal new tokens are refused (the op's mask is bottom-right aligned). No backend
+  returns lse.
 * flash-attn's ``flash_attn_with_kvcache`` takes the op's call as it is (contiguous caches, or a
   paged pool with its block table, pages of a multiple of 256; positions before heads) and
   returns lse.
@@ -48,15 +51,27 @@ def _contiguous_caches(inputs, params):
     return k_cache[pages].flatten(1, 2), v_cache[pages].flatten(1, 2)
 
 
-def _sdpa(backend: str):
-    """The adapter that calls SDPA with only ``backend`` (a ``torch.nn.attention.SDPBackend`` name) allowed."""
+def _shown(key_mask, rows: slice, n: int):
+    """The attention mask SDPA takes for ``rows`` of a key mask over n positions, (rows, 1, 1, n):
+    positions past the mask's width hidden, as the op hides them."""
+    shown = torch.zeros((rows.stop - rows.start, n), dtype=torch.bool, device=key_mask.device)
+    width = min(n, key_mask.shape[1])
+    shown[:, :width] = key_mask[rows, :width]
+    return shown[:, None, None, :]
+
+
+def _sdpa(backend: str, *, takes_masks: bool):
+    """The adapter that calls SDPA with only ``backend`` (a ``torch.nn.attention.SDPBackend``
+    name) allowed; a key mask becomes its boolean attention mask where ``takes_masks``."""
 
     def adapter(function, inputs, params):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        q = inputs["q"]
+        q, key_mask = inputs["q"], inputs.get("key_mask")
         if params.get("causal", True) and q.shape[1] > 1:
             return "aligns causal masking to the top left; the op's new tokens are bottom-right aligned"
+        if key_mask is not None and not takes_masks:
+            return "takes no attention mask"
         keys, values = _contiguous_caches(inputs, params)
         lengths = inputs["cache_seqlens"].clamp(0, keys.shape[1]).tolist()
         chosen = getattr(SDPBackend, backend)
@@ -65,17 +80,24 @@ def _sdpa(backend: str):
         if len(set(lengths)) == 1:
             n = lengths[0]
             k, v = keys[:, :n].transpose(1, 2), values[:, :n].transpose(1, 2)
+            mask = None if key_mask is None else _shown(key_mask, slice(0, q.shape[0]), n)
 
             def call():
                 with sdpa_kernel(chosen):
-                    return function(heads_first, k, v, **options).transpose(1, 2)
+                    return function(heads_first, k, v, attn_mask=mask, **options).transpose(1, 2)
 
             return call
-        per_sequence = [(b, keys[b: b + 1, :n].transpose(1, 2), values[b: b + 1, :n].transpose(1, 2)) for b, n in enumerate(lengths)]
+        per_sequence = [
+            (b, keys[b: b + 1, :n].transpose(1, 2), values[b: b + 1, :n].transpose(1, 2),
+             None if key_mask is None else _shown(key_mask, slice(b, b + 1), n))
+            for b, n in enumerate(lengths)
+        ]
 
         def call_each():
             with sdpa_kernel(chosen):
-                return torch.cat([function(heads_first[b: b + 1], k, v, **options) for b, k, v in per_sequence]).transpose(1, 2)
+                return torch.cat([
+                    function(heads_first[b: b + 1], k, v, attn_mask=mask, **options) for b, k, v, mask in per_sequence
+                ]).transpose(1, 2)
 
         return call_each
 
@@ -83,6 +105,8 @@ def _sdpa(backend: str):
 
 
 def _flash_attn(function, inputs, params):
+    if inputs.get("key_mask") is not None:
+        return "takes no key mask"
     if _heads_first(params):
         return "takes caches with the positions before the heads (bshd) only"
     table = inputs.get("block_table")
@@ -98,6 +122,8 @@ def _flash_attn(function, inputs, params):
 
 def _flashinfer(wrapper_class, inputs, params):
     q, k_cache, v_cache, table = inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs.get("block_table")
+    if inputs.get("key_mask") is not None:
+        return "takes no key mask"
     if q.shape[1] != 1:
         return "decodes one new token per sequence (its prefill wrapper serves several)"
     layout, page_size = ("HND", k_cache.shape[2]) if _heads_first(params) else ("NHD", k_cache.shape[1])
@@ -134,8 +160,9 @@ def _flashinfer(wrapper_class, inputs, params):
 
 DECODE_PEERS = {
     "DecodeAttentionFwdOp": {
-        "SDPA flash": (SDPA, _sdpa("FLASH_ATTENTION")),
-        "SDPA cuDNN": (SDPA, _sdpa("CUDNN_ATTENTION")),
+        "SDPA flash": (SDPA, _sdpa("FLASH_ATTENTION", takes_masks=False)),
+        "SDPA cuDNN": (SDPA, _sdpa("CUDNN_ATTENTION", takes_masks=False)),
+        "SDPA efficient": (SDPA, _sdpa("EFFICIENT_ATTENTION", takes_masks=True)),
         "flash-attn": (FLASH_ATTN_KVCACHE, _flash_attn),
         "FlashInfer": (FLASHINFER_DECODE, _flashinfer),
     },

@@ -38,7 +38,8 @@ def multiprocessors(device_index: int) -> tuple[int, int, int, int]:
 
 class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
     """Split-KV flash decoding for one (dtype, heads, head size, new tokens, page size, scale,
-    causality, cache layout, device): float16 and bfloat16, head sizes in multiples of 32 up to 256."""
+    causality, cache layout, key mask or none, device): float16 and bfloat16, head sizes in
+    multiples of 32 up to 256."""
 
     def __init__(self, call: DecodeAttentionCall) -> None:
         super().__init__()
@@ -58,7 +59,7 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         target = compile_target(call.device)
         attend = (
             call.dtype, call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, call.page_size, call.scale,
-            call.causal, call.cache_layout,
+            call.causal, call.cache_layout, call.masked,
         )
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             whole = pool.submit(programs.compile_attend, *attend, target, split=False, **self.config)
@@ -86,7 +87,7 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
             )
         return count
 
-    def forward(self, q, k_cache, v_cache, cache_seqlens, block_table):
+    def forward(self, q, k_cache, v_cache, cache_seqlens, block_table, key_mask):
         batch, new_tokens, heads_q, head_dim = q.shape
         capacity = k_cache.shape[self._positions_at] * (1 if block_table is None else block_table.shape[1])
         count = self.splits_for(batch, capacity)
@@ -95,6 +96,8 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         tensors: list[Any] = [q, k_cache, v_cache, cache_seqlens]
         if block_table is not None:
             tensors.append(block_table)
+        if key_mask is not None:
+            tensors.append(key_mask)
         if current_device_index() == self._device_index:
             self._launch(tensors, o, lse, count)
         else:

@@ -18,7 +18,9 @@ read row by row through the block table (row p of sequence b: page ``block_table
 row ``p % page``), which serves every page size, smaller than a tile or larger. The cache layout
 (``bshd``: a position's kv heads side by side; ``bhsd``: a kv head's positions side by side, as
 transformers' caches) only changes the index of a cache element: a block reads one kv head's
-rows of D contiguous elements either way.
+rows of D contiguous elements either way. With a key mask (``masked``), a position is held (loaded,
+and scored) only where it is also shown by ``key_mask[b, p]`` (p < KP): a mask hides a padded
+batch's positions, and what the cache holds there is not read, as past the length.
 
 With ``split`` the block writes its partial output and base-2 log-sum-exp in float32 to
 ``o_part`` (NS, B, S, Hq, D) and ``lse_part`` (NS, B, Hq, S), and ``make_merge_program``
@@ -56,16 +58,18 @@ def make_attend_program(
     scale: float,
     causal: bool,
     cache_layout: str,
+    masked: bool,
     *,
     split: bool,
     block_n: int,
     threads: int,
     blocks_per_sm: int,
 ):
-    """The TileLang PrimFunc ``main(q, k_cache, v_cache, cache_seqlens[, block_table], outputs)``
-    of the module docstring: outputs ``o_part, lse_part`` with ``split``, else ``o, lse``.
-    ``page_size`` 0 is a contiguous cache (no block table); ``blocks_per_sm`` is how many blocks
-    the compiler must fit on one multiprocessor (it bounds the registers of a thread)."""
+    """The TileLang PrimFunc ``main(q, k_cache, v_cache, cache_seqlens[, block_table][, key_mask],
+    outputs)`` of the module docstring: outputs ``o_part, lse_part`` with ``split``, else ``o,
+    lse``. ``page_size`` 0 is a contiguous cache (no block table); ``masked`` takes a key mask;
+    ``blocks_per_sm`` is how many blocks the compiler must fit on one multiprocessor (it bounds
+    the registers of a thread)."""
     import tilelang.language as T
 
     dt, f32 = _TL_DTYPES[dtype], "float32"
@@ -80,6 +84,7 @@ def make_attend_program(
     cache_rows = T.dynamic("cache_rows")
     length_dim = page_size if paged else T.dynamic("cache_len")
     pages = T.dynamic("pages")
+    mask_width = T.dynamic("mask_width")
     splits = T.dynamic("splits") if split else 1
     # The positions a sequence may hold; cache_seqlens is clamped to it.
     capacity = pages * page_size if paged else length_dim
@@ -95,21 +100,31 @@ def make_attend_program(
             return cache[row, hk, position, d]
         return cache[row, position, hk, d]
 
+    def held(key_mask, b, p, length):
+        # Whether position p of sequence b is read and scored: before the length, and shown by
+        # the key mask where there is one (an index expression, built while tracing).
+        if masked:
+            # if_then_else evaluates the load only where it is in bounds (a mask of width 0 too).
+            return (p < length) & T.if_then_else(p < mask_width, key_mask[b, p], False)
+        return p < length
+
     @T.macro
-    def load_tile(cache, shared, block_table, b, hk, start, length):
-        # Positions at or past the length are written as zeros (see the module docstring).
+    def load_tile(cache, shared, block_table, key_mask, b, hk, start, length):
+        # Positions not held are written as zeros (see the module docstring).
         if paged:
             for j, d in T.Parallel(block_n, dim):
                 p = start + j
                 page = T.max(T.min(block_table[b, T.min(p // page_size, pages - 1)], cache_rows - 1), 0)
-                shared[j, d] = T.if_then_else(p < length, element(cache, page, hk, p % page_size, d), T.cast(0, dt))
+                shared[j, d] = T.if_then_else(
+                    held(key_mask, b, p, length), element(cache, page, hk, p % page_size, d), T.cast(0, dt)
+                )
         else:
             for j, d in T.Parallel(block_n, dim):
                 p = start + j
-                shared[j, d] = T.if_then_else(p < length, element(cache, b, hk, p, d), T.cast(0, dt))
+                shared[j, d] = T.if_then_else(held(key_mask, b, p, length), element(cache, b, hk, p, d), T.cast(0, dt))
 
     @T.macro
-    def body(q, k_cache, v_cache, cache_seqlens, block_table, o_out, lse_out):
+    def body(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, o_out, lse_out):
         with T.Kernel(splits, heads_kv, batch, threads=threads) as (sp, hk, b):
             # The registers a thread may use are held to what ``blocks_per_sm`` blocks leave it.
             T.annotate_min_blocks_per_sm(blocks_per_sm)
@@ -145,8 +160,8 @@ def make_attend_program(
 
             for t in T.serial(count):
                 start = (first + t) * block_n
-                load_tile(k_cache, k_shared, block_table, b, hk, start, length)
-                load_tile(v_cache, v_shared, block_table, b, hk, start, length)
+                load_tile(k_cache, k_shared, block_table, key_mask, b, hk, start, length)
+                load_tile(v_cache, v_shared, block_table, key_mask, b, hk, start, length)
                 T.clear(scores)
                 T.gemm(q_shared, k_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                 for r, j in T.Parallel(block_m, block_n):
@@ -154,11 +169,13 @@ def make_attend_program(
                     if causal:
                         # New token s sees up to position length - S + s (bottom-right aligned).
                         scores[r, j] = T.if_then_else(
-                            (p < length) & (p <= length - new_tokens + r // group), scores[r, j] * scale_log2,
-                            -T.infinity(f32),
+                            held(key_mask, b, p, length) & (p <= length - new_tokens + r // group),
+                            scores[r, j] * scale_log2, -T.infinity(f32),
                         )
                     else:
-                        scores[r, j] = T.if_then_else(p < length, scores[r, j] * scale_log2, -T.infinity(f32))
+                        scores[r, j] = T.if_then_else(
+                            held(key_mask, b, p, length), scores[r, j] * scale_log2, -T.infinity(f32)
+                        )
                 T.copy(row_max, row_max_prev)
                 T.reduce_max(scores, row_max, dim=1, clear=False)
                 for r in T.Parallel(block_m):
@@ -199,32 +216,44 @@ def make_attend_program(
         o_type = T.Tensor(q_shape, dt)
         lse_type = T.Tensor((batch, heads_q, new_tokens), f32)
 
-    if paged:
+    # The optional inputs change the kernel's parameters: one signature per combination.
+    table_type, mask_type = T.Tensor((batch, pages), "int32"), T.Tensor((batch, mask_width), "bool")
+    if paged and masked:
 
         @T.prim_func
         def main(
-            q: T.Tensor(q_shape, dt),
-            k_cache: T.Tensor(cache_shape, dt),
-            v_cache: T.Tensor(cache_shape, dt),
-            cache_seqlens: T.Tensor((batch,), "int32"),
-            block_table: T.Tensor((batch, pages), "int32"),
-            o_out: o_type,
-            lse_out: lse_type,
+            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
+            cache_seqlens: T.Tensor((batch,), "int32"), block_table: table_type, key_mask: mask_type,
+            o_out: o_type, lse_out: lse_type,
         ):
-            body(q, k_cache, v_cache, cache_seqlens, block_table, o_out, lse_out)
+            body(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, o_out, lse_out)
+
+    elif paged:
+
+        @T.prim_func
+        def main(
+            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
+            cache_seqlens: T.Tensor((batch,), "int32"), block_table: table_type, o_out: o_type, lse_out: lse_type,
+        ):
+            body(q, k_cache, v_cache, cache_seqlens, block_table, None, o_out, lse_out)
+
+    elif masked:
+
+        @T.prim_func
+        def main(
+            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
+            cache_seqlens: T.Tensor((batch,), "int32"), key_mask: mask_type, o_out: o_type, lse_out: lse_type,
+        ):
+            body(q, k_cache, v_cache, cache_seqlens, None, key_mask, o_out, lse_out)
 
     else:
 
         @T.prim_func
         def main(
-            q: T.Tensor(q_shape, dt),
-            k_cache: T.Tensor(cache_shape, dt),
-            v_cache: T.Tensor(cache_shape, dt),
-            cache_seqlens: T.Tensor((batch,), "int32"),
-            o_out: o_type,
-            lse_out: lse_type,
+            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
+            cache_seqlens: T.Tensor((batch,), "int32"), o_out: o_type, lse_out: lse_type,
         ):
-            body(q, k_cache, v_cache, cache_seqlens, None, o_out, lse_out)
+            body(q, k_cache, v_cache, cache_seqlens, None, None, o_out, lse_out)
 
     return main
 
@@ -272,17 +301,18 @@ def make_merge_program(dtype: torch.dtype, heads_q: int, head_dim: int, new_toke
     return main
 
 
-def compile_attend(dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, cache_layout, target,
-                   **config):
+def compile_attend(
+    dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, cache_layout, masked, target, **config
+):
     """The compiled attend kernel of one configuration for ``target``, once per process (and on disk)."""
     identity = (
         "decode-attend", dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, float(scale), causal, cache_layout,
-        tuple(sorted(config.items())),
+        masked, tuple(sorted(config.items())),
     )
     return compile_once(
         identity,
         lambda: make_attend_program(
-            dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, cache_layout, **config
+            dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, causal, cache_layout, masked, **config
         ),
         hopper_target(target),
     )
