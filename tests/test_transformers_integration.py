@@ -76,7 +76,7 @@ def expected_replacements(architecture: str) -> list[tuple[str, str]]:
     prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}[architecture]
     original, replacement, count = NORMS[architecture]
     per_layer = [(f"{prefix}MLP", "tileops.nn.GatedMLP"), (f"{prefix}Attention: apply_rotary_pos_emb", "RotaryEmbeddingFwdOp"),
-                 (f"{prefix}Attention: sdpa attention", "AttentionFwdOp (sdpa where a mask is given)")]
+                 (f"{prefix}Attention: sdpa attention", "AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa where another mask is given)")]
     return sorted([(original, f"tileops.integrations.transformers.{replacement.__name__}")] * count + per_layer * TINY["num_hidden_layers"]
                   + [("ForCausalLMLoss", "CrossEntropyFwdOp"),
                      (f"{prefix}ForCausalLM.forward", "LinearCrossEntropyFwdOp in training with labels (no logits)")])
@@ -177,12 +177,24 @@ def test_generate_runs_with_the_kv_cache_and_picks_the_same_tokens(architecture,
     assert sdpa_calls == []  # the prefill and each decode step (1 query over the cache) ran on the ops
     assert model.model.layers[0].self_attn.tileops_attention.decode.built_kernels()  # the steps' op
 
-    # Left padding in a batch: the mask builder gives a mask, and those calls go to sdpa.
+    # Left padding in a batch: the mask builder gives a mask; the prefill's calls go to sdpa, and
+    # each decode step's (one query: its mask row is what it sees) to the decode op's key mask.
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     generated = model.generate(ids, attention_mask=mask, **options)
     assert torch.equal(generated, reference.generate(ids, attention_mask=mask, **options))
-    assert sdpa_calls and all(sdpa_calls)
+    assert sdpa_calls == [True] * TINY["num_hidden_layers"]
+    decode = model.model.layers[0].self_attn.tileops_attention.decode
+    assert {kernel.cache_layout for _, kernel in decode.built_kernels()} == {"bhsd"}
+
+    # A static cache (what transformers compiles into CUDA graphs): every decode step carries a
+    # mask hiding the cache's unfilled rows, and runs on the decode op over the whole cache.
+    sdpa_calls.clear()
+    static = {**options, "cache_implementation": "static"}
+    for attention_mask in (None, mask):
+        generated = model.generate(ids, attention_mask=attention_mask, **static)
+        assert torch.equal(generated, reference.generate(ids, attention_mask=attention_mask, **static))
+    assert sdpa_calls == [True] * TINY["num_hidden_layers"]  # the padded prefill only
 
 
 def test_attention_without_a_mask_computes_what_sdpa_computes():
@@ -240,7 +252,7 @@ def test_the_report_lists_what_was_replaced_and_what_was_left():
             "model.layers.{0-1}.post_attention_layernorm, model.norm") in text
     assert "  Qwen3MLP -> tileops.nn.GatedMLP (2): model.layers.{0-1}.mlp" in text
     assert "  Qwen3Attention: apply_rotary_pos_emb -> RotaryEmbeddingFwdOp (2): model.layers.{0-1}.self_attn" in text
-    assert "  Qwen3Attention: sdpa attention -> AttentionFwdOp (sdpa where a mask is given) (2): model.layers.{0-1}.self_attn" in text
+    assert "  Qwen3Attention: sdpa attention -> AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa where another mask is given) (2): model.layers.{0-1}.self_attn" in text
     assert "  ForCausalLMLoss -> CrossEntropyFwdOp (1): loss_function" in text
     assert "  Qwen3ForCausalLM.forward -> LinearCrossEntropyFwdOp in training with labels (no logits) (1): forward" in text
     assert "  rotary embedding: Qwen3RotaryEmbedding (1): model.rotary_emb: it computes the cos and sin tables, in torch" in text
@@ -452,6 +464,12 @@ def test_on_cuda_the_patched_model_computes_trains_and_generates_as_the_unpatche
     assert torch.equal(generated[:, 8], reference.generate(ids[:, :8], **options)[:, 8])
     # The decode steps ran on the decode op's TileLang kernel, over the cache heads first.
     assert [key for key, _ in layer.self_attn.tileops_attention.decode.built_kernels()] == ["tilelang"]
+    # Over a static cache too, each step's mask its key mask (a kernel built for masked calls).
+    static = {**options, "cache_implementation": "static"}
+    generated = model.generate(ids[:, :8], **static)
+    assert torch.equal(generated[:, 8], reference.generate(ids[:, :8], **static)[:, 8])
+    decode_kernels = [kernel for _, kernel in layer.self_attn.tileops_attention.decode.built_kernels()]
+    assert sorted(kernel.call.masked for kernel in decode_kernels) == [False, True]
 
 
 @pytest.mark.gpu

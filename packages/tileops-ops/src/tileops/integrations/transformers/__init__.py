@@ -165,7 +165,8 @@ def _plan_attention(plan: _Plan, module: torch.nn.Module, path: str, attention: 
     else:
         ops = _attention.attention_ops(module, plan.target, plan.attention_ops)
         plan.attention_patched = True
-        plan.replace(path, f"{name}: {implementation} attention", "AttentionFwdOp (sdpa where a mask is given)",
+        replacement = "AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa where another mask is given)"
+        plan.replace(path, f"{name}: {implementation} attention", replacement,
                      functools.partial(setattr, module, "tileops_attention", ops))
 
 

@@ -12,12 +12,13 @@ sees the keys of the tokens before it in the cache. A decode step (one query per
 keys the cache holds contiguously, heads first) runs on ``DecodeAttentionFwdOp`` over the cache
 as it is (``cache_layout="bhsd"``), every sequence's length the keys' count: its kernels read a
 kv head's keys once for the query heads of its group, where ``AttentionFwdOp`` reads them for
-each. Where the call cannot be expressed by the op,
+each. A decode step's boolean mask (padding, a static cache's unfilled rows: its one row is what
+the query sees) becomes the decode op's key mask. Where the call cannot be expressed by the op,
 ``attention()`` calls transformers' ``sdpa`` function instead, for that call, and the result is
 the same as unpatched:
 
-* a mask tensor (padding in a batch, a static cache's unfilled rows, packed sequences): the ops
-  take no arbitrary mask;
+* a mask tensor, but for a decode step's (padding in a batch, packed sequences; an additive or
+  per-head mask): the ops take no arbitrary mask;
 * attention dropout in training, ``softcap``, ``output_attentions``, a position bias, or an
   ``is_causal`` that differs from the module's;
 * a module without the ops of the call's window (a model loaded with
@@ -91,6 +92,17 @@ def _window(sliding_window: int | None) -> int | None:
     return None if sliding_window is None else sliding_window - 1
 
 
+def _key_mask(attention_mask: Any, batch: int, k_length: int) -> torch.Tensor | None:
+    """The decode op's key mask, (B, S_k), of the boolean mask transformers gives one query
+    (B or 1, 1, 1, S_k): for one query its one row is exactly the keys it sees (padding, a
+    static cache's unfilled rows, a sliding window alike). None for a mask of another form
+    (additive floats, one per head), which goes to sdpa."""
+    if (not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool or attention_mask.dim() != 4
+            or attention_mask.shape[1:] != (1, 1, k_length) or attention_mask.shape[0] not in (1, batch)):
+        return None
+    return attention_mask[:, 0, 0].expand(batch, k_length)
+
+
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               is_causal: bool | None = None, sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -98,19 +110,27 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     D), key and value (B, H_kv, S_k, D); returns ((B, S_q, H_q, D), None)."""
     causal = getattr(module, "is_causal", True)
     ops: AttentionOps | None = getattr(module, "tileops_attention", None)
-    unsupported = (attention_mask is not None or dropout > 0.0 or kwargs.get("softcap") is not None
+    unsupported = (dropout > 0.0 or kwargs.get("softcap") is not None
                    or kwargs.get("output_attentions", False) or kwargs.get("position_bias") is not None
                    or (is_causal is not None and is_causal != causal) or ops is None or ops.causal != causal
                    or (scaling is not None and scaling != ops.scale))
     if not unsupported:
         q_length, k_length = query.shape[2], key.shape[2]
         tracked = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-        if (q_length == 1 < k_length and not tracked and key.is_contiguous() and value.is_contiguous()
-                and (sliding_window is None or k_length <= sliding_window)):
-            # A decode step over the whole cache (within the window, if any); the decode op is
-            # inference only, so a call that records gradients stays on AttentionFwdOp.
-            lengths = torch.full((query.shape[0],), k_length, dtype=torch.int32, device=query.device)
-            return ops.decode(query.transpose(1, 2), key, value, lengths)[0], None
+        if q_length == 1 < k_length and not tracked and key.is_contiguous() and value.is_contiguous():
+            # A decode step; the decode op is inference only, so a call that records gradients
+            # stays on AttentionFwdOp. The lengths are the cache's: a mask hides the rest.
+            if attention_mask is None:
+                key_mask = None
+                served = sliding_window is None or k_length <= sliding_window  # the window holds the cache
+            else:
+                key_mask = _key_mask(attention_mask, query.shape[0], k_length)
+                served = key_mask is not None
+            if served:
+                lengths = torch.full((query.shape[0],), k_length, dtype=torch.int32, device=query.device)
+                return ops.decode(query.transpose(1, 2), key, value, lengths, key_mask=key_mask)[0], None
+    if not unsupported and attention_mask is None:
+        q_length, k_length = query.shape[2], key.shape[2]
         if causal and 1 < q_length < k_length:
             # No mask with more keys than queries: a prefill into an empty static cache, whose rows
             # past the queries are unfilled; the mask builder aligns it to the top left.
