@@ -57,6 +57,28 @@ def test_a_small_model_compiles_without_retracing_per_batch_size():
     assert counter.frame_count == 1
 
 
+def test_an_op_after_a_dict_mutation_stays_in_the_graph_forward_and_backward():
+    # Models mutate dicts in their forward (a KV cache's bookkeeping, a kwargs dict); Dynamo
+    # then refuses to read any class's __dict__ in the same frame, which the op's traced call
+    # once did (a graph break, an error under fullgraph=True).
+    norm = RMSNormFwdOp(64)
+
+    def step(x, weight, state):
+        state["seen"] = x.shape[0]
+        return norm(x, weight).sum()
+
+    x, weight = torch.randn(5, 64, requires_grad=True), torch.randn(64, requires_grad=True)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    loss = torch.compile(step, fullgraph=True, backend=counter)(x, weight, {})
+    loss.backward()
+    expected = torch.nn.functional.rms_norm(x, (64,), weight, 1e-6).sum()
+    torch.testing.assert_close(loss, expected)
+    x_grad, weight_grad = torch.autograd.grad(expected, (x, weight))
+    torch.testing.assert_close(x.grad, x_grad)
+    torch.testing.assert_close(weight.grad, weight_grad)
+    assert counter.frame_count == 1
+
+
 def test_out_buffers_are_filled_in_compiled_code():
     op = RMSNormFwdOp(32)
     x, out = torch.randn(4, 32), torch.empty(4, 32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -222,6 +223,31 @@ def test_attention_without_a_mask_computes_what_sdpa_computes():
     band = (j <= i) & (j > i - 3)  # transformers' window: the 3 keys up to the query's own
     expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=band, scale=module.scaling, enable_gqa=True)
     torch.testing.assert_close(window, expected.transpose(1, 2))
+
+
+def test_compiled_decode_steps_over_a_static_cache_match_the_unpatched_model():
+    # What transformers compiles for static-cache generation: one decode step's forward, with
+    # the cache's bookkeeping (dict mutations) before TileOPs' ops, in one graph; the cache
+    # passed by its former name, past_key_values, as callers still do.
+    from transformers import StaticCache
+
+    reference, model, _ = patched_pair("llama")
+    ids = tokens(2, 5)
+    logits = []
+    for m in (reference, model):
+        cache = StaticCache(config=m.config, max_cache_len=16)
+        step = torch.compile(m, backend="aot_eager", fullgraph=True)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # past_key_values' deprecation
+            last = m(ids, past_key_values=cache, use_cache=True).logits[:, -1:]
+            steps = []
+            for _ in range(2):
+                last = step(last.argmax(-1), past_key_values=cache, use_cache=True).logits
+                steps.append(last)
+        logits.append(steps)
+    for got, want in zip(logits[1], logits[0]):
+        torch.testing.assert_close(got, want)
+    assert model.model.layers[0].self_attn.tileops_attention.decode.built_kernels()
 
 
 def test_the_compiled_patched_model_trains_in_one_graph():

@@ -237,7 +237,7 @@ def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of)
         refuse_double_backward(type(op).__name__, wiring.backward.name)
         arguments = wiring.backward_arguments(grads[:n_outputs], ctx.saved_tensors)
         backward_op = op.backward_op
-        custom = type(backward_op).__dict__["_custom_op"]
+        custom = type(backward_op)._custom_op  # set on the class itself when it was constructed
         n_exec = len(wiring.backward.exec_args)
         results = custom(*arguments, *[None] * n_exec, backward_op.trace_key)
         listed = list(results) if isinstance(results, tuple) else [results]

@@ -45,6 +45,22 @@ class _MissingKernel(Kernel):
         raise BackendError(self.missing_because)
 
 
+#: What an op class computes once from its manifest (its signature, wiring, in-tree kernel
+#: classes), by (class, name). A plain dict rather than the class's own ``__dict__``: Dynamo
+#: refuses to read a class's ``__dict__`` (a mapping proxy) once the function it traces has
+#: mutated any dict, so a compiled model that updates a cache dict before calling an op would
+#: break its graph there; and unlike an attribute, a subclass does not see its parent's entry.
+_class_values: dict[tuple[type, str], Any] = {}
+
+
+def class_value(cls: type, name: str, compute: Callable[[], Any]) -> Any:
+    """``cls``'s value ``name``, computed by ``compute()`` on the first call."""
+    key = (cls, name)
+    if key not in _class_values:
+        _class_values[key] = compute()
+    return _class_values[key]
+
+
 def _missing_distribution(reference: str, interface: type[KernelInterface], error: ModuleNotFoundError) -> type[Kernel]:
     """The stand-in for a kernel table whose module is not installed: one key (the module's
     name), unavailable everywhere, saying what to install."""
@@ -120,13 +136,13 @@ class Op:
     @classmethod
     def wiring(cls) -> autograd.Differentiation | None:
         """The autograd wiring of a differentiable op (its entry names a backward op), or None."""
-        if "_differentiation_cache" not in cls.__dict__:
+        def compute() -> autograd.Differentiation | None:
             entry = cls.manifest_entry()
-            wiring = None
-            if entry.backward is not None:
-                wiring = autograd.Differentiation(entry, cls.backward_class().manifest_entry())
-            cls._differentiation_cache = wiring
-        return cls._differentiation_cache
+            if entry.backward is None:
+                return None
+            return autograd.Differentiation(entry, cls.backward_class().manifest_entry())
+
+        return class_value(cls, "wiring", compute)
 
     @classmethod
     def backward_class(cls) -> type[Op]:
@@ -142,35 +158,32 @@ class Op:
 
     @classmethod
     def signature(cls) -> Signature:
-        cached = cls.__dict__.get("_signature_cache")
-        if cached is None:
-            cached = Signature(cls.manifest_entry())
-            cls._signature_cache = cached
-        return cached
+        return class_value(cls, "signature", lambda: Signature(cls.manifest_entry()))
 
     @classmethod
     def in_tree_classes(cls) -> dict[type[KernelInterface], dict[str, type[Kernel]]]:
         """Interface -> key -> class of the op's own implementations: ``in_tree_kernels`` and
         the ``kernel_tables``, imported on the first call (a table whose distribution is not
         installed stands as one unavailable key named after its module)."""
-        cached = cls.__dict__.get("_in_tree_cache")
-        if cached is None:
-            cached = {interface: dict(cls.in_tree_kernels.get(interface, {})) for interface in cls.kernel_interfaces}
-            for reference in cls.kernel_tables:
-                table = _import_table(cls.__name__, reference)
-                for interface, classes in cached.items():
-                    if isinstance(table, ModuleNotFoundError):
-                        classes[reference.partition(":")[0]] = _missing_distribution(reference, interface, table)
-                        continue
-                    for key, kernel_class in table.get(interface, {}).items():
-                        if key in classes:
-                            raise BackendError(
-                                f"{cls.__name__}: key {key!r} of {interface.__name__} is in {reference} and "
-                                "already among the op's in-tree kernels; a key names one implementation"
-                            )
-                        classes[key] = kernel_class
-            cls._in_tree_cache = cached
-        return cached
+        return class_value(cls, "in_tree_classes", cls._import_in_tree_classes)
+
+    @classmethod
+    def _import_in_tree_classes(cls) -> dict[type[KernelInterface], dict[str, type[Kernel]]]:
+        by_interface = {interface: dict(cls.in_tree_kernels.get(interface, {})) for interface in cls.kernel_interfaces}
+        for reference in cls.kernel_tables:
+            table = _import_table(cls.__name__, reference)
+            for interface, classes in by_interface.items():
+                if isinstance(table, ModuleNotFoundError):
+                    classes[reference.partition(":")[0]] = _missing_distribution(reference, interface, table)
+                    continue
+                for key, kernel_class in table.get(interface, {}).items():
+                    if key in classes:
+                        raise BackendError(
+                            f"{cls.__name__}: key {key!r} of {interface.__name__} is in {reference} and "
+                            "already among the op's in-tree kernels; a key names one implementation"
+                        )
+                    classes[key] = kernel_class
+        return by_interface
 
     @classmethod
     def in_tree_keys(cls) -> dict[str, type[Kernel]]:

@@ -97,11 +97,15 @@ def define_custom_op(op_class: type[Op]) -> None:
         entry = op_class.manifest_entry()
         written = [t.name for t in entry.inputs if t.written]
         out_keywords = [t.out for t in entry.outputs if t.out]
-        if out_keywords:
-            op_class._custom_op_with_buffers = _custom_op(op_class, f"{op_class.__name__}_with_buffers", out_keywords, written)
+        # All three are set on the class itself (None where the op has no use for one), so that a
+        # traced call reads them as plain attributes: Dynamo refuses to read a class's
+        # __dict__ once the traced function has mutated a dict, and an attribute the class
+        # lacked would be its parent's.
+        op_class._custom_op_with_buffers = (
+            _custom_op(op_class, f"{op_class.__name__}_with_buffers", out_keywords, written) if out_keywords else None
+        )
+        op_class._custom_op_saving = _saving_custom_op(op_class) if entry.backward is not None and not written else None
         op_class._custom_op = _custom_op(op_class, op_class.__name__, [], written)
-        if entry.backward is not None and not written:
-            op_class._custom_op_saving = _saving_custom_op(op_class)
 
 
 def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], written: list[str]):
@@ -311,13 +315,13 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
         if value is not None and not isinstance(value, torch.Tensor):
             what = "output buffer" if name in outs else "argument"
             raise OpArgumentError(f"{type(op).__name__}: {what} {name!r} expected a torch.Tensor, got {type(value).__name__}")
-    custom = type(op).__dict__["_custom_op"]
+    custom = type(op)._custom_op
     execution = [given.get(name) for name in exec_args]
     buffers = [outs.get(keyword) for keyword in signature.out_keywords]
     wiring = op.differentiation
     if wiring is not None and wiring.needs_grad(inputs):
         autograd.refuse_buffers(op, {k: v for k, v in outs.items() if v is not None})
-        results = type(op).__dict__["_custom_op_saving"](*inputs, *execution, op.trace_key)
+        results = type(op)._custom_op_saving(*inputs, *execution, op.trace_key)
         if not isinstance(results, tuple):  # one output and nothing saved
             return results
         n_outputs = len(signature.entry.outputs)
@@ -325,7 +329,7 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
     if all(buffer is None for buffer in buffers):
         result = custom(*inputs, *execution, op.trace_key)
     else:
-        result = type(op).__dict__["_custom_op_with_buffers"](*inputs, *buffers, *execution, op.trace_key)
+        result = type(op)._custom_op_with_buffers(*inputs, *buffers, *execution, op.trace_key)
     results = [result] if len(signature.entry.outputs) == 1 else list(result)
     # The outputs the custom op returns as placeholders: the caller's buffers, the inputs it wrote.
     for keyword, index in signature.out_keywords.items():

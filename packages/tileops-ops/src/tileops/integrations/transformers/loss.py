@@ -92,6 +92,10 @@ def fused_forward_class(cls: type) -> type:
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None, labels=None,
                 use_cache=None, logits_to_keep=0, **kwargs):
+        if cache is None and "past_key_values" in kwargs:
+            # The cache's former name, which the class's forward still takes (deprecated): passed
+            # on beside cache=None, transformers would keep the None and drop the cache.
+            cache = kwargs.pop("past_key_values")
         if labels is None or not self.training or not isinstance(logits_to_keep, int) or logits_to_keep != 0:
             return super(fused, self).forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                               cache=cache, inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
