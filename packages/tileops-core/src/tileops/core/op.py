@@ -53,7 +53,7 @@ class _MissingKernel(Kernel):
 _class_values: dict[tuple[type, str], Any] = {}
 
 
-def class_value(cls: type, name: str, compute: Callable[[], Any]) -> Any:
+def _class_value(cls: type, name: str, compute: Callable[[], Any]) -> Any:
     """``cls``'s value ``name``, computed by ``compute()`` on the first call."""
     key = (cls, name)
     if key not in _class_values:
@@ -142,7 +142,7 @@ class Op:
                 return None
             return autograd.Differentiation(entry, cls.backward_class().manifest_entry())
 
-        return class_value(cls, "wiring", compute)
+        return _class_value(cls, "wiring", compute)
 
     @classmethod
     def backward_class(cls) -> type[Op]:
@@ -158,14 +158,14 @@ class Op:
 
     @classmethod
     def signature(cls) -> Signature:
-        return class_value(cls, "signature", lambda: Signature(cls.manifest_entry()))
+        return _class_value(cls, "signature", lambda: Signature(cls.manifest_entry()))
 
     @classmethod
     def in_tree_classes(cls) -> dict[type[KernelInterface], dict[str, type[Kernel]]]:
         """Interface -> key -> class of the op's own implementations: ``in_tree_kernels`` and
         the ``kernel_tables``, imported on the first call (a table whose distribution is not
         installed stands as one unavailable key named after its module)."""
-        return class_value(cls, "in_tree_classes", cls._import_in_tree_classes)
+        return _class_value(cls, "in_tree_classes", cls._import_in_tree_classes)
 
     @classmethod
     def _import_in_tree_classes(cls) -> dict[type[KernelInterface], dict[str, type[Kernel]]]:
