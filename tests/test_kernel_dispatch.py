@@ -17,9 +17,11 @@ from tileops.backend import (
     Kernel,
     KernelSelectionError,
     OpArgumentError,
+    register_kernel_builder,
     register_kernel_type,
 )
 from tileops.core import device_facts as device_facts_module
+from tileops.core.tensor_description import TensorDescription
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
 from tileops.ops.norm import LayerNormCall, LayerNormFwdInterface, RMSNormFwdInterface
 
@@ -339,6 +341,24 @@ def test_supported_archs_are_checked_against_stated_device_facts(scoped_registry
     assert on_ampere["hopper_only"].outcome == "unavailable"
     assert "needs architecture 90" in on_ampere["hopper_only"].reason
     assert on_ampere["layer_norm"].outcome == "selected"
+
+
+def test_an_op_says_whether_a_call_runs_more_than_its_general_implementation(scoped_registry):
+    # What an integration asks before routing a call to an op rather than to a library's own
+    # fused path: whether the call gets more than the op's catch-all (general) implementation.
+    def described(device, n=128):
+        shapes = {"x": (4, n), "weight": (n,), "bias": (n,)}
+        return {name: TensorDescription(device, torch.float32, shape) for name, shape in shapes.items()}
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert LayerNormFwdOp(128).served_beyond_general(cuda, described(cuda), DeviceFacts("cuda", arch=90))
+    assert not LayerNormFwdOp(128).served_beyond_general(cpu, described(cpu))  # the CPU's is general
+    register_kernel_type("LayerNormFwdOp", "narrow", _NarrowTorchLayerNorm)  # rows of at most 256
+    assert LayerNormFwdOp(128).served_beyond_general(cpu, described(cpu))
+    assert not LayerNormFwdOp(512).served_beyond_general(cpu, described(cpu, 512))
+    # A target's own kernels are narrower by definition.
+    register_kernel_builder(op="LayerNormFwdOp", target="somewhere", build_kernel=lambda *args, **kwargs: None)
+    assert LayerNormFwdOp(512, target="somewhere").served_beyond_general(cpu, described(cpu, 512))
 
 
 def test_supported_archs_on_a_device_type_without_facts_names_register_device_facts(scoped_registry):

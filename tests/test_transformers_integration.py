@@ -77,7 +77,7 @@ def expected_replacements(architecture: str) -> list[tuple[str, str]]:
     prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}[architecture]
     original, replacement, count = NORMS[architecture]
     per_layer = [(f"{prefix}MLP", "tileops.nn.GatedMLP"), (f"{prefix}Attention: apply_rotary_pos_emb", "RotaryEmbeddingFwdOp"),
-                 (f"{prefix}Attention: sdpa attention", "AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa where another mask is given)")]
+                 (f"{prefix}Attention: sdpa attention", "AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa for other masks and calls no kernel takes)")]
     return sorted([(original, f"tileops.integrations.transformers.{replacement.__name__}")] * count + per_layer * TINY["num_hidden_layers"]
                   + [("ForCausalLMLoss", "CrossEntropyFwdOp"),
                      (f"{prefix}ForCausalLM.forward", "LinearCrossEntropyFwdOp in training with labels (no logits)")])
@@ -250,6 +250,52 @@ def test_compiled_decode_steps_over_a_static_cache_match_the_unpatched_model():
     assert model.model.layers[0].self_attn.tileops_attention.decode.built_kernels()
 
 
+@pytest.mark.parametrize(("arch", "head_dim", "prefill", "decode"), [
+    (90, 128, True, True),
+    (90, 96, False, True),  # the prefill kernels take 64, 128, 256; the decode ones multiples of 32
+    (90, 80, False, False),
+    (80, 128, False, True),  # the prefill kernels need Hopper
+])
+def test_on_a_gpu_calls_no_kernel_of_tileops_serves_go_to_sdpa(monkeypatch, arch, head_dim, prefill, decode):
+    # The plain-torch reference would serve them, many times slower than transformers' sdpa.
+    from types import SimpleNamespace
+
+    from tileops.core import selection
+    from tileops.core.device_facts import DeviceFacts
+    from tileops.integrations.transformers.attention import AttentionOps
+
+    monkeypatch.setattr(selection, "facts_for", lambda device: DeviceFacts("cuda", arch, 132, 227 * 1024, "GPU"))
+
+    def tensor(*shape, dtype=torch.bfloat16):  # what the decision reads of a tensor
+        return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, shape=torch.Size(shape))
+
+    ops = AttentionOps(causal=True, scale=None, target=None)
+    ops.build(None)
+    q, k = tensor(2, 100, 8, head_dim), tensor(2, 100, 2, head_dim)
+    assert ops.kernels_serve(ops.get("bshd", None), {"q": q, "k": k, "v": k}) is prefill
+    cache = tensor(2, 2, 300, head_dim)
+    step = {"q": tensor(2, 1, 8, head_dim), "k_cache": cache, "v_cache": cache, "cache_seqlens": tensor(2, dtype=torch.int32)}
+    assert ops.kernels_serve(ops.decode, step) is decode
+
+
+def test_a_call_the_ops_kernels_do_not_serve_computes_on_sdpa(monkeypatch, sdpa_calls):
+    from tileops.integrations.transformers import attention
+    from tileops.integrations.transformers.attention import AttentionOps
+
+    _, model, _ = patched_pair("llama")
+    module = model.model.layers[0].self_attn
+    monkeypatch.setattr(AttentionOps, "kernels_serve", lambda self, op, inputs: False)
+    key, value = torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
+    for q_length in (1, 7):  # a decode step, a prefill
+        query = torch.randn(2, 4, q_length, 16)
+        got, _ = attention.attention(module, query, key, value, None, scaling=module.scaling)
+        expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=q_length > 1,
+                                                                    scale=module.scaling, enable_gqa=True)
+        torch.testing.assert_close(got, expected.transpose(1, 2))
+    assert sdpa_calls == [False, False]
+    assert not module.tileops_attention.decode.built_kernels()
+
+
 def test_the_compiled_patched_model_trains_in_one_graph():
     # AOTAutograd's eager backend: dynamo traces the whole model (TileOPs' custom ops and their
     # autograd formulas included) without the minutes inductor's C++ code generation takes on a
@@ -278,7 +324,7 @@ def test_the_report_lists_what_was_replaced_and_what_was_left():
             "model.layers.{0-1}.post_attention_layernorm, model.norm") in text
     assert "  Qwen3MLP -> tileops.nn.GatedMLP (2): model.layers.{0-1}.mlp" in text
     assert "  Qwen3Attention: apply_rotary_pos_emb -> RotaryEmbeddingFwdOp (2): model.layers.{0-1}.self_attn" in text
-    assert "  Qwen3Attention: sdpa attention -> AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa where another mask is given) (2): model.layers.{0-1}.self_attn" in text
+    assert "  Qwen3Attention: sdpa attention -> AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa for other masks and calls no kernel takes) (2): model.layers.{0-1}.self_attn" in text
     assert "  ForCausalLMLoss -> CrossEntropyFwdOp (1): loss_function" in text
     assert "  Qwen3ForCausalLM.forward -> LinearCrossEntropyFwdOp in training with labels (no logits) (1): forward" in text
     assert "  rotary embedding: Qwen3RotaryEmbedding (1): model.rotary_emb: it computes the cos and sin tables, in torch" in text

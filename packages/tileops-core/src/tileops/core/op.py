@@ -518,6 +518,27 @@ class Op:
             f"{type(self).__name__} does not describe calls without tensors: it defines no call_specs(device, inputs)"
         )
 
+    def served_beyond_general(
+        self, device: torch.device, inputs: Mapping[str, TensorDescription], facts: DeviceFacts | None = None
+    ) -> bool:
+        """Whether a call with ``inputs`` (descriptions, as ``call_specs`` takes them) on
+        ``device`` would run an implementation narrower than the ``general`` (catch-all) ones on
+        every kernel interface it uses: one written for such calls, where a family's catch-all is
+        its plain-torch reference (attention's) or a slow kernel. A target's own kernels count
+        as narrower; a call nothing serves (or whose device's facts cannot be read) does not.
+        Reads the device's facts unless ``facts`` are given: call it outside a traced region."""
+        if (self._target or self._requested_target or BUILTIN) != BUILTIN:
+            return True
+        for interface, spec in self.call_specs(device, inputs).items():
+            implementations = self._implementations[interface]
+            try:
+                key = implementations.select(spec) if facts is None else implementations.select(spec, lambda _call: facts)
+            except TileOpsError:
+                return False
+            if implementations.classes[key].general:
+                return False
+        return True
+
     def built_kernels(self) -> list[tuple[str, Any]]:
         """(key, kernel) of every in-tree kernel this instance has built, in build order; for a
         bound target, (target, kernel) of each of its kernels."""

@@ -165,7 +165,7 @@ def _plan_attention(plan: _Plan, module: torch.nn.Module, path: str, attention: 
     else:
         ops = _attention.attention_ops(module, plan.target, plan.attention_ops)
         plan.attention_patched = True
-        replacement = "AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa where another mask is given)"
+        replacement = "AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa for other masks and calls no kernel takes)"
         plan.replace(path, f"{name}: {implementation} attention", replacement,
                      functools.partial(setattr, module, "tileops_attention", ops))
 

@@ -21,6 +21,8 @@ the same as unpatched:
   per-head mask): the ops take no arbitrary mask;
 * attention dropout in training, ``softcap``, ``output_attentions``, a position bias, or an
   ``is_causal`` that differs from the module's;
+* on a GPU, a call no TileOPs kernel takes, which the op would serve with its plain-torch
+  reference (``AttentionOps.kernels_serve``);
 * a module without the ops of the call's window (a model loaded with
   ``attn_implementation="tileops"`` and not ``apply()``-ed, under ``torch.compile``; eagerly the
   op is built at the first call).
@@ -42,6 +44,7 @@ from typing import Any
 
 import torch
 
+from tileops.core.tensor_description import TensorDescription
 from tileops.ops import AttentionFwdOp, DecodeAttentionFwdOp, RotaryEmbeddingFwdOp
 
 IMPLEMENTATION = "tileops"
@@ -71,6 +74,32 @@ class AttentionOps:
         self.causal, self.scale, self.target = causal, scale, target
         self.ops: dict[tuple[str, int | None], AttentionFwdOp] = {}
         self.decode = DecodeAttentionFwdOp(scale, causal, cache_layout="bhsd", target=target)
+        self._kernels_serve: dict[tuple, bool] = {}
+
+    def kernels_serve(self, op: AttentionFwdOp | DecodeAttentionFwdOp, inputs: dict[str, torch.Tensor]) -> bool:
+        """Whether ``op`` runs a kernel of its own on a call with ``inputs`` (a name -> tensor
+        map), not only its plain-torch reference: on a GPU TileOPs holds no kernel for (a head
+        size the kernels do not take, a GPU older than they need), the reference would be many
+        times slower than transformers' sdpa, so those calls go to sdpa. On the CPU the
+        reference is TileOPs' implementation. Decided once per op, device, dtype and head
+        layout, outside traced code (a compiled call not decided yet takes the op)."""
+        q = inputs["q"]
+        if q.device.type == "cpu":
+            return True
+        # Heads and head size, which the kernels' refusals read (never the batch or lengths).
+        if op is self.decode:
+            heads = (q.shape[2], inputs["k_cache"].shape[1], q.shape[3])
+        else:
+            at = 2 if op.params["qkv_layout"] == "bshd" else 1
+            heads = (q.shape[at], inputs["k"].shape[at], q.shape[3])
+        key = (op, q.device, q.dtype, "key_mask" in inputs, heads)
+        decided = self._kernels_serve.get(key)
+        if decided is None:
+            if torch.compiler.is_compiling():
+                return True
+            described = {name: TensorDescription(t.device, t.dtype, tuple(t.shape)) for name, t in inputs.items()}
+            decided = self._kernels_serve[key] = op.served_beyond_general(q.device, described)
+        return decided
 
     def build(self, window: int | None) -> None:
         for layout in ("bshd", "bhsd"):
@@ -128,7 +157,11 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                 served = key_mask is not None
             if served:
                 lengths = torch.full((query.shape[0],), k_length, dtype=torch.int32, device=query.device)
-                return ops.decode(query.transpose(1, 2), key, value, lengths, key_mask=key_mask)[0], None
+                inputs = {"q": query.transpose(1, 2), "k_cache": key, "v_cache": value, "cache_seqlens": lengths}
+                if key_mask is not None:
+                    inputs["key_mask"] = key_mask
+                if ops.kernels_serve(ops.decode, inputs):
+                    return ops.decode(**inputs)[0], None
     if not unsupported and attention_mask is None:
         q_length, k_length = query.shape[2], key.shape[2]
         if causal and 1 < q_length < k_length:
@@ -138,7 +171,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
         transposed = [t.transpose(1, 2) for t in (query, key, value)]
         layout = "bshd" if all(t.is_contiguous() for t in transposed) else "bhsd"
         op = ops.get(layout, _window(sliding_window))
-        if op is not None:
+        if op is not None and ops.kernels_serve(op, dict(zip("qkv", transposed if layout == "bshd" else (query, key, value)))):
             if layout == "bshd":
                 return op(*transposed)[0], None
             return op(query, key, value)[0].transpose(1, 2).contiguous(), None
