@@ -135,8 +135,9 @@ def _key_mask(attention_mask: Any, batch: int, k_length: int) -> torch.Tensor | 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               is_causal: bool | None = None, sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function interface, on ``AttentionFwdOp``: query (B, H_q, S_q,
-    D), key and value (B, H_kv, S_k, D); returns ((B, S_q, H_q, D), None)."""
+    """transformers' attention-function interface, on ``AttentionFwdOp`` and (decode steps)
+    ``DecodeAttentionFwdOp``: query (B, H_q, S_q, D), key and value (B, H_kv, S_k, D); returns
+    ((B, S_q, H_q, D), None)."""
     causal = getattr(module, "is_causal", True)
     ops: AttentionOps | None = getattr(module, "tileops_attention", None)
     unsupported = (dropout > 0.0 or kwargs.get("softcap") is not None
