@@ -278,6 +278,34 @@ def test_on_a_gpu_calls_no_kernel_of_tileops_serves_go_to_sdpa(monkeypatch, arch
     assert ops.kernels_serve(ops.decode, step) is decode
 
 
+def test_patching_decides_for_the_gpus_present_so_compiled_calls_find_the_answer(monkeypatch):
+    # A compiled call cannot ask the op (selection reads the device outside the graph); without
+    # the answer it would take the op, and on a GPU older than the prefill kernels need, the
+    # op's plain-torch reference.
+    from types import SimpleNamespace
+
+    from tileops.core import selection
+    from tileops.core.device_facts import DeviceFacts
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(selection, "facts_for", lambda device: DeviceFacts("cuda", 80, 108, 163 * 1024, "GPU"))
+    _, model, _ = patched_pair("llama", head_dim=64)
+    ops = model.model.layers[0].self_attn.tileops_attention
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+
+    def tensor(*shape, dtype=torch.bfloat16):
+        return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, shape=torch.Size(shape))
+
+    q, k = tensor(3, 77, 4, 64), tensor(3, 77, 2, 64)  # another batch and length than decided on
+    assert ops.kernels_serve(ops.get("bshd", None), {"q": q, "k": k, "v": k}) is False
+    cache = tensor(3, 2, 500, 64)
+    step = {"q": tensor(3, 1, 4, 64), "k_cache": cache, "v_cache": cache, "cache_seqlens": tensor(3, dtype=torch.int32),
+            "key_mask": tensor(3, 500, dtype=torch.bool)}
+    assert ops.kernels_serve(ops.decode, step) is True
+    # Heads never decided (another model's): a compiled call takes the op.
+    assert ops.kernels_serve(ops.get("bshd", None), {"q": tensor(3, 77, 8, 64), "k": k, "v": k}) is True
+
+
 def test_a_call_the_ops_kernels_do_not_serve_computes_on_sdpa(monkeypatch, sdpa_calls):
     from tileops.integrations.transformers import attention
     from tileops.integrations.transformers.attention import AttentionOps

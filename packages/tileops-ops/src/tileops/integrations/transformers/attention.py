@@ -82,7 +82,8 @@ class AttentionOps:
         size the kernels do not take, a GPU older than they need), the reference would be many
         times slower than transformers' sdpa, so those calls go to sdpa. On the CPU the
         reference is TileOPs' implementation. Decided once per op, device, dtype and head
-        layout, outside traced code (a compiled call not decided yet takes the op)."""
+        layout, outside traced code: ``decide_ahead`` decides for the GPUs present when the
+        model is patched; a compiled call on none of them takes the op."""
         q = inputs["q"]
         if q.device.type == "cpu":
             return True
@@ -100,6 +101,27 @@ class AttentionOps:
             described = {name: TensorDescription(t.device, t.dtype, tuple(t.shape)) for name, t in inputs.items()}
             decided = self._kernels_serve[key] = op.served_beyond_general(q.device, described)
         return decided
+
+    def decide_ahead(self, heads_q: int, heads_kv: int, head_dim: int) -> None:
+        """Decide ``kernels_serve`` now for every op of these heads on every GPU present, in the
+        16-bit dtypes and float32, so that a compiled model's calls (which cannot ask) find the
+        answer: descriptions of a one-token call stand for every call of these heads."""
+        for index in range(torch.cuda.device_count()):
+            device = torch.device("cuda", index)
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                def described(*shape, of=dtype):
+                    return TensorDescription(device, of, shape)
+
+                for op in self.ops.values():
+                    if op.params["qkv_layout"] == "bshd":
+                        q, k = described(1, 1, heads_q, head_dim), described(1, 1, heads_kv, head_dim)
+                    else:
+                        q, k = described(1, heads_q, 1, head_dim), described(1, heads_kv, 1, head_dim)
+                    self.kernels_serve(op, {"q": q, "k": k, "v": k})
+                step = {"q": described(1, 1, heads_q, head_dim), "k_cache": described(1, heads_kv, 1, head_dim),
+                        "v_cache": described(1, heads_kv, 1, head_dim), "cache_seqlens": described(1, of=torch.int32)}
+                self.kernels_serve(self.decode, step)
+                self.kernels_serve(self.decode, {**step, "key_mask": described(1, 1, of=torch.bool)})
 
     def build(self, window: int | None) -> None:
         for layout in ("bshd", "bhsd"):
@@ -190,10 +212,15 @@ def attention_ops(module: torch.nn.Module, target: str | None, shared: dict) -> 
     if ops is None:
         ops = shared[causal, scale] = AttentionOps(causal, scale, target)
     ops.build(None)
-    for owner in (module, getattr(module, "config", None)):
+    config = getattr(module, "config", None)
+    for owner in (module, config):
         window = getattr(owner, "sliding_window", None)
         if isinstance(window, int) and not isinstance(window, bool):
             ops.build(_window(window))
+    heads_q = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(module, "head_dim", None)
+    if isinstance(heads_q, int) and isinstance(head_dim, int):
+        ops.decide_ahead(heads_q, getattr(config, "num_key_value_heads", None) or heads_q, head_dim)
     return ops
 
 
