@@ -107,9 +107,8 @@ class AttentionOps:
         16-bit dtypes and float32, so that a compiled model's calls (which cannot ask) find the
         answer: descriptions of a one-token call stand for every call of these heads."""
         for index in range(torch.cuda.device_count()):
-            device = torch.device("cuda", index)
             for dtype in (torch.bfloat16, torch.float16, torch.float32):
-                def described(*shape, of=dtype):
+                def described(*shape, of=dtype, device=torch.device("cuda", index)):
                     return TensorDescription(device, of, shape)
 
                 for op in self.ops.values():
