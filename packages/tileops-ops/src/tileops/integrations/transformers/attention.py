@@ -108,19 +108,26 @@ class AttentionOps:
         answer: descriptions of a one-token call stand for every call of these heads."""
         for index in range(torch.cuda.device_count()):
             for dtype in (torch.bfloat16, torch.float16, torch.float32):
-                def described(*shape, of=dtype, device=torch.device("cuda", index)):
-                    return TensorDescription(device, of, shape)
+                for op, inputs in self._one_token_calls(torch.device("cuda", index), dtype, heads_q, heads_kv, head_dim):
+                    self.kernels_serve(op, inputs)
 
-                for op in self.ops.values():
-                    if op.params["qkv_layout"] == "bshd":
-                        q, k = described(1, 1, heads_q, head_dim), described(1, 1, heads_kv, head_dim)
-                    else:
-                        q, k = described(1, heads_q, 1, head_dim), described(1, heads_kv, 1, head_dim)
-                    self.kernels_serve(op, {"q": q, "k": k, "v": k})
-                step = {"q": described(1, 1, heads_q, head_dim), "k_cache": described(1, heads_kv, 1, head_dim),
-                        "v_cache": described(1, heads_kv, 1, head_dim), "cache_seqlens": described(1, of=torch.int32)}
-                self.kernels_serve(self.decode, step)
-                self.kernels_serve(self.decode, {**step, "key_mask": described(1, 1, of=torch.bool)})
+    def _one_token_calls(self, device: torch.device, dtype: torch.dtype, heads_q: int, heads_kv: int, head_dim: int):
+        """(op, inputs described) of a one-token call of each op: prefill ops in their layout,
+        and a decode step with and without a key mask."""
+        def described(*shape, of=dtype):
+            return TensorDescription(device, of, shape)
+
+        for op in self.ops.values():
+            if op.params["qkv_layout"] == "bshd":
+                q, k = described(1, 1, heads_q, head_dim), described(1, 1, heads_kv, head_dim)
+            else:
+                q, k = described(1, heads_q, 1, head_dim), described(1, heads_kv, 1, head_dim)
+            yield op, {"q": q, "k": k, "v": k}
+        cache = described(1, heads_kv, 1, head_dim)
+        step = {"q": described(1, 1, heads_q, head_dim), "k_cache": cache, "v_cache": cache,
+                "cache_seqlens": described(1, of=torch.int32)}
+        yield self.decode, step
+        yield self.decode, {**step, "key_mask": described(1, 1, of=torch.bool)}
 
     def build(self, window: int | None) -> None:
         for layout in ("bshd", "bhsd"):
