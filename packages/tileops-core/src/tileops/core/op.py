@@ -523,9 +523,9 @@ class Op:
     ) -> bool:
         """Whether a call with ``inputs`` (descriptions, as ``call_specs`` takes them) on
         ``device`` would run an implementation narrower than the ``general`` (catch-all) ones on
-        every kernel interface it uses: one written for such calls, where a family's catch-all is
-        its plain-torch reference (attention's) or a slow kernel. A target's own kernels count
-        as narrower; a call nothing serves (or whose device's facts cannot be read) does not.
+        every kernel interface it uses: one written for such calls, where a family's catch-all
+        may be its plain-torch reference or a slow kernel. A target's own kernels count as
+        narrower; a call nothing serves (or whose device's facts cannot be read) does not.
         Reads the device's facts unless ``facts`` are given: call it outside a traced region."""
         if (self._target or self._requested_target or BUILTIN) != BUILTIN:
             return True
