@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+import torch._dynamo.testing
 
 transformers = pytest.importorskip("transformers")
 
@@ -304,6 +305,29 @@ def test_patching_decides_for_the_gpus_present_so_compiled_calls_find_the_answer
     assert ops.kernels_serve(ops.decode, step) is True
     # Heads never decided (another model's): a compiled call takes the op.
     assert ops.kernels_serve(ops.get("bshd", None), {"q": tensor(3, 77, 8, 64), "k": k, "v": k}) is True
+
+
+def test_the_decision_is_read_inside_a_compiled_graph():
+    # Off the CPU the attention function looks the decision up while Dynamo traces it (meta
+    # tensors stand for a GPU's here): the lookup must trace, with dynamic shapes too.
+    from tileops.integrations.transformers.attention import AttentionOps
+
+    ops = AttentionOps(causal=True, scale=None, target=None)
+    ops.build(None)
+    op = ops.get("bshd", None)
+    k = torch.empty(2, 5, 2, 16, device="meta")
+    for decided in (False, True):
+        ops._kernels_serve[(op, k.device, k.dtype, False, (4, 2, 16))] = decided
+
+        def route(q):  # the two branches give results of different shapes
+            return q * 2 if ops.kernels_serve(op, {"q": q, "k": k, "v": k}) else q.sum(0)
+
+        for dynamic in (False, True):
+            torch._dynamo.reset()
+            counter = torch._dynamo.testing.CompileCounter()
+            compiled = torch.compile(route, fullgraph=True, dynamic=dynamic, backend=counter)
+            q = torch.empty(3, 7, 4, 16, device="meta")
+            assert compiled(q).shape == (q.shape if decided else q.shape[1:]) and counter.frame_count == 1
 
 
 def test_a_call_the_ops_kernels_do_not_serve_computes_on_sdpa(monkeypatch, sdpa_calls):
