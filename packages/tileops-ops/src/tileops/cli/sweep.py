@@ -88,12 +88,16 @@ class Space:
     def template(self, name: str) -> Workload:
         return next(w for w in self.op_class.manifest_entry().workloads if w.name == name)
 
+    def template_tail(self, name: str) -> tuple[int, ...]:
+        """The last ``trailing`` dimensions of the first input of template ``name``."""
+        first = self.op_class.manifest_entry().inputs[0].name
+        return tuple(self.template(name).shapes[first][-self.trailing :])
+
     def tails(self) -> set[tuple[int, ...]]:
         """The trailing dimensions a call's first input may have: a width, or a template's."""
         if not self.trailing:
             return {(width,) for width in self.widths}
-        first = self.op_class.manifest_entry().inputs[0].name
-        return {tuple(self.template(name).shapes[first][-self.trailing :]) for name in self.templates}
+        return {self.template_tail(name) for name in self.templates}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,7 +274,7 @@ def _draft(rng: random.Random, space: Space, chosen: dict[str, Any]) -> tuple:
     dtype = DTYPES[chosen["dtype"]]
     template = space.template(chosen["template"])
     if space.trailing:
-        tail = tuple(template.shapes[space.op_class.manifest_entry().inputs[0].name][-space.trailing :])
+        tail = space.template_tail(chosen["template"])
     else:
         tail = (rng.choices(list(space.widths), list(space.widths.values()))[0],)
     item = torch.empty((), dtype=dtype).element_size()
