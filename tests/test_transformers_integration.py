@@ -190,13 +190,38 @@ def test_generate_runs_with_the_kv_cache_and_picks_the_same_tokens(architecture,
     assert {kernel.cache_layout for _, kernel in decode.built_kernels()} == {"bhsd"}
 
     # A static cache (what transformers compiles into CUDA graphs): every decode step carries a
-    # mask hiding the cache's unfilled rows, and runs on the decode op over the whole cache.
+    # mask hiding the cache's unfilled rows, and runs on the decode op.
     sdpa_calls.clear()
     static = {**options, "cache_implementation": "static"}
     for attention_mask in (None, mask):
         generated = model.generate(ids, attention_mask=attention_mask, **static)
         assert torch.equal(generated, reference.generate(ids, attention_mask=attention_mask, **static))
     assert sdpa_calls == [True] * TINY["num_hidden_layers"]  # the padded prefill only
+
+
+def test_the_decode_steps_over_a_static_cache_read_only_its_filled_rows(monkeypatch):
+    # Each step's length is its last shown key + 1, so the kernels skip the cache's unfilled
+    # tail instead of reading all of it and masking it; left padding does not change it.
+    reference, model, _ = patched_pair("llama")
+    ops = model.model.layers[0].self_attn.tileops_attention
+    decode, lengths = ops.decode, []
+
+    def recorded(**inputs):
+        lengths.append(inputs["cache_seqlens"].tolist())
+        return decode(**inputs)
+
+    monkeypatch.setattr(ops, "decode", recorded)
+    ids = tokens(2, 5)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    options = {"max_new_tokens": 4, "do_sample": False, "use_cache": True, "pad_token_id": 0,
+               "cache_implementation": "static"}
+    for attention_mask in (None, mask):
+        lengths.clear()
+        generated = model.generate(ids, attention_mask=attention_mask, **options)
+        assert torch.equal(generated, reference.generate(ids, attention_mask=attention_mask, **options))
+        # The prompt's 5 rows, then one more per step; every layer's call alike.
+        assert lengths == [[n, n] for n in (6, 7, 8) for _ in range(TINY["num_hidden_layers"])]
 
 
 def test_attention_without_a_mask_computes_what_sdpa_computes():
