@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import train_side_by_side
-from tileops.backend import OpArgumentError
+from tileops.backend import OpArgumentError, register_kernel_type
 from tileops.ops import (
     FAMILIES,
     GeGLUFwdOp,
@@ -22,6 +22,7 @@ from tileops.ops import (
     SwiGLUBwdOp,
     SwiGLUFwdOp,
 )
+from tileops.ops.activation.cpu import TorchCpuGated, TorchCpuPackedGated
 from tileops.testing import check_workload, workload_cases
 
 #: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
@@ -227,3 +228,60 @@ def test_the_peer_table_names_family_ops_and_calls_liger_as_it_is_called():
                 module, _, attribute = where.partition(":")
                 assert hasattr(importlib.import_module(module), attribute), where
     assert liger is not None
+
+
+class _ShapeRecordingGated(TorchCpuGated):
+    """A backend's SwiGLU on the CPU, taking the interface's 1-D tensors: records their shapes."""
+
+    general = False
+    takes_any_shape = False
+    seen: list = []
+
+    def forward(self, gate, up):
+        self.seen.append(tuple(gate.shape))
+        return super().forward(gate, up)
+
+
+class _AnyShapeRecordingGated(_ShapeRecordingGated):
+    takes_any_shape = True
+    seen: list = []
+
+
+class _ShapeRecordingPacked(TorchCpuPackedGated):
+    general = False
+    takes_any_shape = False
+    seen: list = []
+
+    def forward(self, x):
+        self.seen.append(tuple(x.shape))
+        return super().forward(x)
+
+
+class _AnyShapeRecordingPacked(_ShapeRecordingPacked):
+    takes_any_shape = True
+    seen: list = []
+
+
+@pytest.mark.parametrize(("op_class", "implementation", "given"), [
+    (SwiGLUFwdOp, _ShapeRecordingGated, (48,)),
+    (SwiGLUFwdOp, _AnyShapeRecordingGated, (2, 3, 8)),
+    (PackedSwiGLUFwdOp, _ShapeRecordingPacked, (6, 16)),
+    (PackedSwiGLUFwdOp, _AnyShapeRecordingPacked, (2, 3, 16)),
+])
+def test_an_implementation_gets_the_interfaces_shape_unless_it_takes_any(scoped_registry, op_class, implementation, given):
+    # The in-tree CPU implementations take any shape (no views on a small call); a backend's
+    # that does not declare it keeps the interface's contract, and its results come back in the
+    # caller's shape, returned or written into out=.
+    implementation.seen.clear()
+    register_kernel_type(op_class.__name__, "recording", implementation)
+    gate, up = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    if op_class is SwiGLUFwdOp:
+        op, inputs = SwiGLUFwdOp(), (gate, up)
+    else:
+        op, inputs = PackedSwiGLUFwdOp(8), (torch.cat((gate, up), -1),)
+    expected = F.silu(gate) * up
+    torch.testing.assert_close(op(*inputs), expected)
+    out = torch.empty(2, 3, 8)
+    assert op(*inputs, out=out) is out
+    torch.testing.assert_close(out, expected)
+    assert implementation.seen == [given, given]

@@ -121,7 +121,8 @@ def test_a_batch_that_fills_the_gpu_runs_unsplit_and_matches_the_torch_implement
     op = DecodeAttentionFwdOp()
     o, lse = op(*call)
     assert _kernel(op).splits_for(192, 2048) == 1
-    o_ref, lse_ref = decode_attention(*(t.float() if t.is_floating_point() else t for t in call[:4]), None, 128**-0.5, True)
+    o_ref, lse_ref = decode_attention(*(t.float() if t.is_floating_point() else t for t in call[:4]), None, None, 128**-0.5, True,
+                                      "bshd")
     torch.testing.assert_close(o.float(), o_ref, atol=1.6e-2, rtol=1.6e-2)
     torch.testing.assert_close(lse, lse_ref, atol=1e-3, rtol=1e-3)
 
@@ -131,7 +132,8 @@ def test_a_long_cache_of_one_sequence_is_split_many_ways_and_merged_right():
     op = DecodeAttentionFwdOp()
     o, lse = op(*call)
     assert _kernel(op).splits_for(1, 131072) > 8
-    o_ref, lse_ref = decode_attention(*(t.float() if t.is_floating_point() else t for t in call[:4]), None, 128**-0.5, True)
+    o_ref, lse_ref = decode_attention(*(t.float() if t.is_floating_point() else t for t in call[:4]), None, None, 128**-0.5, True,
+                                      "bshd")
     torch.testing.assert_close(o.float(), o_ref, atol=1.6e-2, rtol=1.6e-2)
     torch.testing.assert_close(lse, lse_ref, atol=1e-3, rtol=1e-3)
 
@@ -212,7 +214,7 @@ def test_a_decode_loop_captured_in_a_cuda_graph_is_right_at_every_replay(page_si
 
     def expected():
         keys, values = k_cache.float(), v_cache.float()
-        return decode_attention(q.float(), keys, values, seqlens, table, dim**-0.5, True)
+        return decode_attention(q.float(), keys, values, seqlens, table, None, dim**-0.5, True, "bshd")
 
     # Warm up on a side stream (selects and builds the kernel, and the indexing ops' state), then
     # restore the state the warm-up step changed.

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileops.backend import OpArgumentError
+from tileops.backend import OpArgumentError, register_kernel_type
 from tileops.ops import FAMILIES, RotaryEmbeddingBwdOp, RotaryEmbeddingFwdOp, RotaryEmbeddingInplaceFwdOp
+from tileops.ops.rope.cpu import TorchCpuRotaryEmbedding
 from tileops.testing import check_workload, workload_cases
 
 #: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
@@ -442,3 +443,35 @@ def test_the_liger_peer_takes_ligers_layout_and_refuses_what_it_cannot_take():
     assert adapter(recorder, inputs, {"rotary_dim": 32}) == "rotates whole heads only, not a partial rotary_dim"
     three_d = {**inputs, "q": q.flatten(0, 1), "k": k.flatten(0, 1)}
     assert adapter(recorder, three_d, {}) == "takes (batch, seq, heads, D) q and k only"
+
+
+class _ShapeRecordingRope(TorchCpuRotaryEmbedding):
+    """A backend's rotary embedding on the CPU, taking the interface's (T, heads, D) tensors:
+    records the shapes of q and position_ids."""
+
+    general = False
+    takes_any_shape = False
+    seen: list = []
+
+    def forward(self, q, k, cos, sin, position_ids):
+        self.seen.append((tuple(q.shape), tuple(position_ids.shape)))
+        return super().forward(q, k, cos, sin, position_ids)
+
+
+class _AnyShapeRecordingRope(_ShapeRecordingRope):
+    takes_any_shape = True
+    seen: list = []
+
+
+@pytest.mark.parametrize(("implementation", "given"), [(_ShapeRecordingRope, ((6, 4, 8), (6,))),
+                                                       (_AnyShapeRecordingRope, ((2, 3, 4, 8), (2, 3)))])
+def test_an_implementation_gets_tokens_flattened_unless_it_takes_any_shape(scoped_registry, implementation, given):
+    implementation.seen.clear()
+    register_kernel_type("RotaryEmbeddingFwdOp", "recording", implementation)
+    q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 2, 8)
+    cos, sin = torch.randn(16, 8), torch.randn(16, 8)
+    positions = torch.randint(0, 16, (2, 3))
+    q_rot, k_rot = RotaryEmbeddingFwdOp()(q, k, cos, sin, positions)
+    expected = apply_rotary_pos_emb(q, k, cos[positions], sin[positions], unsqueeze_dim=2)
+    torch.testing.assert_close((q_rot, k_rot), expected)
+    assert implementation.seen == [given]

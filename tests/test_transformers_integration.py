@@ -392,6 +392,16 @@ def test_the_compiled_patched_model_trains_in_one_graph():
     torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad)
 
 
+def test_the_rotating_forward_reads_globals_no_compiler_takes_for_its_modules():
+    # torch.compile up to 2.11 resolves globals that carry a module's __name__ through that
+    # module: it guarded the patched rotation on the module's own function and failed on CUDA.
+    _, model, _ = patched_pair("qwen3")
+    forward = type(model.model.layers[0].self_attn).forward
+    module = sys.modules[type(model.model.layers[0].self_attn).tileops_original.__module__]
+    assert forward.__globals__["apply_rotary_pos_emb"] is not module.apply_rotary_pos_emb
+    assert "__name__" not in forward.__globals__
+
+
 def test_the_report_lists_what_was_replaced_and_what_was_left():
     _, model, report = patched_pair("qwen3")
     text = str(report)
@@ -599,7 +609,9 @@ def test_on_cuda_the_patched_model_computes_trains_and_generates_as_the_unpatche
         assert_gradients_close(parameter.grad, expected[name].grad, name)
     layer = model.model.layers[0]
     ops = [model.get_submodule(r.path).op for r in report.replaced if "RMSNorm" in r.original]
-    ops += [layer.mlp.act.op, *model.tileops_linear_loss, *(op for op in layer.self_attn.tileops_attention.ops.values() if op.built_kernels())]
+    losses = [op for op in model.tileops_linear_loss if op.built_kernels()]  # the mean's ran; the sum's did not
+    assert losses
+    ops += [layer.mlp.act.op, *losses, *(op for op in layer.self_attn.tileops_attention.ops.values() if op.built_kernels())]
     for op in ops:  # every op that ran, ran a TileLang kernel, none the CPU's
         kernels = op.built_kernels()
         assert kernels and all(type(kernel).__module__.startswith("tileops.kernels.cuda") for _, kernel in kernels), type(op).__name__

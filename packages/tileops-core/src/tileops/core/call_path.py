@@ -57,7 +57,8 @@ class _Writer:
         widths = pattern.widths(self.params.get)
         fixed, free_at = pattern.arity(widths)
         comparison = "<" if free_at is not None else "!="
-        self.emit(f"if len({shape_var}) {comparison} {fixed}: break", indent)
+        if fixed or free_at is None:  # a free group alone takes every rank: nothing to check
+            self.emit(f"if len({shape_var}) {comparison} {fixed}: break", indent)
         # Entries before the free group index from the front, entries after it from the back
         # (negative indices), so no index depends on the call's rank.
         entries = pattern.entries
@@ -189,8 +190,7 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         if decl.optional:
             w.emit(f"if {t} is not None:", 1)
             indent = 2
-        else:
-            w.emit(f"if {t} is _ABSENT: break", 1)
+        # A required input not passed holds _ABSENT, no tensor: the reference bind names it.
         w.emit(f"if not isinstance({t}, _Tensor): break", indent)
         if decl.dtypes is not None:
             w.emit(f"_t_{t} = {t}.dtype", indent)

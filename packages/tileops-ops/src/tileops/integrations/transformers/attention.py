@@ -270,6 +270,9 @@ def _rotation(op: RotaryEmbeddingFwdOp, original: Callable) -> Callable:
 def _rotating_class(cls: type, target: str | None) -> type:
     forward = inspect.unwrap(cls.forward)
     namespace = dict(forward.__globals__)
+    # Without the module's name: torch.compile (2.11 and earlier) takes globals that name a
+    # module for that module's, and guarded the rotation through the module's own function.
+    del namespace["__name__"]
     namespace["apply_rotary_pos_emb"] = _rotation(RotaryEmbeddingFwdOp(target=target), namespace["apply_rotary_pos_emb"])
     rotated = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
     rotated.__kwdefaults__ = forward.__kwdefaults__

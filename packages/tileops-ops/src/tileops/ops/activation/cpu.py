@@ -54,6 +54,7 @@ def activate_backward(dy: torch.Tensor, x: torch.Tensor, activation: str) -> tor
 class _TorchActivation(Kernel):
     devices = frozenset({"cpu"})
     general = True
+    takes_any_shape = True  # elementwise, and chunk/cat on the last dimension: any rank
 
     def __init__(self, activation: str) -> None:
         super().__init__()

@@ -3,7 +3,8 @@ forms of the gated ops (one tensor holding [gate | up]), forward and backward.
 
 Each op builds the call spec its interface takes, runs the implementation selection picks, and
 hands it the inputs as it takes them: flattened to 1-D for the elementwise interfaces, as (m,
-2 * d) rows for the packed ones; the results get the caller's shape back. The forward ops are
+2 * d) rows for the packed ones, the results given the caller's shape back; an implementation
+that takes any shape gets the caller's tensors as they are. The forward ops are
 differentiable: they save nothing (``saves: []``), and core's autograd wiring calls the backward
 op their manifest entry names with the incoming gradient and the forward's inputs.
 """
@@ -52,24 +53,28 @@ def _activation(name: str, approximate: str = "none") -> str:
     return "gelu_tanh" if approximate == "tanh" else "gelu"
 
 
-def _deliver(result, like: torch.Tensor, out: torch.Tensor | None):
-    """A kernel's 1-D ``result`` in the shape of ``like``, written to ``out`` if given. A result
-    that breaks the implementation's contract is returned as it is, for the op's result check to
-    report: one that cannot take ``like``'s shape, or (before a copy into ``out``, which would
-    convert it) one of another dtype or device."""
+def _deliver(result, like: torch.Tensor | None, out: torch.Tensor | None):
+    """A kernel's 1-D ``result`` in the shape of ``like`` (None: a result of an implementation
+    that takes any shape, which has the caller's shape already), written to ``out`` if given. A
+    result that breaks the implementation's contract is returned as it is, for the op's result
+    check to report: one that cannot take the caller's shape, or (before a copy into ``out``,
+    which would convert it) one of another dtype or device."""
     if out is None:
+        if like is None:
+            return result
         try:
             return result.view_as(like)  # a third of the cost of view(like.shape) on a CPU call
         except (AttributeError, TypeError, RuntimeError):  # not a tensor, or not like's size
             return result
+    # out has the caller's shape, dtype and device (the call path checked it).
     if not (
         isinstance(result, torch.Tensor)
-        and result.numel() == like.numel()
-        and result.dtype == like.dtype
-        and result.device == like.device
+        and result.numel() == out.numel()
+        and result.dtype == out.dtype
+        and result.device == out.device
     ):
         return result
-    out.copy_(result.view_as(like))
+    out.copy_(result.view_as(out))
     return out
 
 
@@ -106,6 +111,8 @@ class _UnaryFwdOp(_ActivationOp):
 
     def forward(self, x, *, out=None):
         kernel = self.kernel_for(ActivationFwdInterface, x.device, x.dtype, _vector_ready(x.numel(), x))
+        if kernel.takes_any_shape:
+            return _deliver(kernel.forward(x), None, out)
         return _deliver(kernel.forward(x.view(-1)), x, out)
 
 
@@ -115,6 +122,8 @@ class _UnaryBwdOp(_ActivationOp):
 
     def forward(self, dy, x):
         kernel = self.kernel_for(ActivationBwdInterface, dy.device, dy.dtype, _vector_ready(dy.numel(), dy, x))
+        if kernel.takes_any_shape:
+            return kernel.forward(dy, x)
         return _deliver(kernel.forward(dy.view(-1), x.view(-1)), dy, None)
 
 
@@ -124,6 +133,8 @@ class _GatedFwdOp(_ActivationOp):
 
     def forward(self, gate, up, *, out=None):
         kernel = self.kernel_for(GatedFwdInterface, gate.device, gate.dtype, _vector_ready(gate.numel(), gate, up))
+        if kernel.takes_any_shape:
+            return _deliver(kernel.forward(gate, up), None, out)
         return _deliver(kernel.forward(gate.view(-1), up.view(-1)), gate, out)
 
 
@@ -133,6 +144,8 @@ class _GatedBwdOp(_ActivationOp):
 
     def forward(self, dy, gate, up):
         kernel = self.kernel_for(GatedBwdInterface, dy.device, dy.dtype, _vector_ready(dy.numel(), dy, gate, up))
+        if kernel.takes_any_shape:
+            return kernel.forward(dy, gate, up)
         result = kernel.forward(dy.view(-1), gate.view(-1), up.view(-1))
         if type(result) is not tuple or len(result) != 2:
             return result
@@ -154,14 +167,12 @@ class _PackedFwdOp(_PackedOp):
     def forward(self, x, *, out=None):
         d = self.params["d"]
         kernel = self.kernel_for(PackedGatedFwdInterface, x.device, x.dtype, _vector_ready(d, x))
+        if kernel.takes_any_shape:
+            return _deliver(kernel.forward(x), None, out)
         y = kernel.forward(x.view(-1, 2 * d))
         if not (isinstance(y, torch.Tensor) and y.numel() * 2 == x.numel() and y.dtype == x.dtype and y.device == x.device):
             return y
-        y = y.view(*x.shape[:-1], d)
-        if out is None:
-            return y
-        out.copy_(y)
-        return out
+        return _deliver(y.view(*x.shape[:-1], d), None, out)
 
 
 class _PackedBwdOp(_PackedOp):
@@ -171,6 +182,8 @@ class _PackedBwdOp(_PackedOp):
     def forward(self, dy, x):
         d = self.params["d"]
         kernel = self.kernel_for(PackedGatedBwdInterface, dy.device, dy.dtype, _vector_ready(d, dy, x))
+        if kernel.takes_any_shape:
+            return kernel.forward(dy, x)
         return _deliver(kernel.forward(dy.view(-1, d), x.view(-1, 2 * d)), x, None)
 
 

@@ -45,6 +45,7 @@ def _rotate_transposed(x: torch.Tensor, style: str) -> torch.Tensor:
 class _TorchRope(Kernel):
     devices = frozenset({"cpu"})
     general = True
+    takes_any_shape = True  # cos[position_ids] and the last two dimensions: any leading shape
     #: True for the backward: the transposed map (rotation by -theta).
     inverse = False
 

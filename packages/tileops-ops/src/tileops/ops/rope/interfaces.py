@@ -3,7 +3,10 @@ rotary position embedding, forward or backward (in-tree or a backend's), is writ
 
 Kernels see contiguous tensors with the token dimensions flattened: ``q`` (T, Hq, D), ``k``
 (T, Hkv, D), the caches ``cos`` and ``sin`` (max_positions, rotary_dim) and ``position_ids`` (T,)
-int64; the op reshapes the caller's (batch, seq, heads, D) or (tokens, heads, D) around them.
+int64; the op reshapes the caller's (batch, seq, heads, D) or (tokens, heads, D) around them,
+except for an implementation of the out-of-place interfaces that sets ``takes_any_shape =
+True``: it receives q and k (..., heads, D) and position_ids (...) as the caller passed them and
+returns results of q's and k's shapes.
 
 The map, on the first ``rotary_dim`` = R columns of every head, with ``c = cos[position_ids[t]]``
 and ``s = sin[position_ids[t]]`` and the columns paired as the style pairs them (``neox``:
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import ClassVar
 
 import torch
 
@@ -62,7 +66,17 @@ class RopeInplaceCall(RopeCall):
     """A call of ``RotaryEmbeddingInplaceInterface``."""
 
 
-class RotaryEmbeddingFwdInterface(KernelInterface):
+class _RopeInterface(KernelInterface):
+    """What the rope interfaces share: the any-shape declaration."""
+
+    #: True when ``forward`` takes q and k in the caller's shape (..., heads, D), position_ids
+    #: in their leading shape, and returns results of q's and k's shapes: the op then passes
+    #: them without views (five of them cost about 4 us of host time on a small CPU call).
+    #: The in-place interface always receives the caller's tensors.
+    takes_any_shape: ClassVar[bool] = False
+
+
+class RotaryEmbeddingFwdInterface(_RopeInterface):
     call_spec = RopeCall
 
     @abc.abstractmethod
@@ -73,7 +87,7 @@ class RotaryEmbeddingFwdInterface(KernelInterface):
         rotated by the forward map of the module docstring."""
 
 
-class RotaryEmbeddingBwdInterface(KernelInterface):
+class RotaryEmbeddingBwdInterface(_RopeInterface):
     call_spec = RopeBwdCall
 
     @abc.abstractmethod
@@ -84,7 +98,7 @@ class RotaryEmbeddingBwdInterface(KernelInterface):
         of the module docstring (the forward's transpose)."""
 
 
-class RotaryEmbeddingInplaceInterface(KernelInterface):
+class RotaryEmbeddingInplaceInterface(_RopeInterface):
     call_spec = RopeInplaceCall
 
     @abc.abstractmethod

@@ -4,10 +4,10 @@ q and k, which reach its implementation as the caller passed them; not different
 
 Each op builds the call spec its interface takes, runs the implementation selection picks, and
 hands it q and k with their token dimensions flattened, (T, heads, D), and position_ids as (T,):
-views, since the call path has made every read input contiguous (the in-place op passes q and k
-as they are). The forward op is differentiable: it saves nothing (``saves: []``), and core's
-autograd wiring calls the backward op with the incoming gradients and the forward's cos, sin and
-position_ids.
+views, since the call path has made every read input contiguous (the in-place op, and an
+implementation that takes any shape, get q and k as the caller passed them). The forward op
+is differentiable: it saves nothing (``saves: []``), and core's autograd wiring calls the
+backward op with the incoming gradients and the forward's cos, sin and position_ids.
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ class _RopeOp(Op):
         kernel = self.kernel_for(
             interface, x.device, x.dtype, cos.dtype, x.shape[-2], y.shape[-2], x.shape[-1], _aligned(x, y, cos, sin)
         )
+        if kernel.takes_any_shape:
+            return kernel.forward(x, y, cos, sin, position_ids)
         positions = position_ids.view(-1)
         tokens = positions.shape[0]
         result = kernel.forward(_tokens(x, tokens), _tokens(y, tokens), cos, sin, positions)
