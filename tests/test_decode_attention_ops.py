@@ -360,9 +360,17 @@ def test_the_sdpa_adapter_computes_the_op_with_sdpa_on_the_caches_heads_first(pa
     heads_first_call = _peer("SDPA flash")(F.scaled_dot_product_attention, _heads_first(inputs), {"cache_layout": "bhsd"})
     torch.testing.assert_close(heads_first_call(), o, atol=1e-5, rtol=1e-5)
     masked = dict(inputs, key_mask=padding_mask(lengths, 30))
-    masked_call = _peer("SDPA efficient")(_math_sdpa, masked, {})  # the backend pinned is CUDA's
+    heads = []
+
+    def recorded(q, k, v, **options):  # the backend pinned is CUDA's; this computes on the math one
+        heads.append((q.shape[1], k.shape[1], v.shape[1], options["enable_gqa"]))
+        return _math_sdpa(q, k, v, **options)
+
+    masked_call = _peer("SDPA efficient")(recorded, masked, {})
     torch.testing.assert_close(masked_call(), DecodeAttentionFwdOp()(*inputs.values(), key_mask=masked["key_mask"])[0],
                                atol=1e-5, rtol=1e-5)
+    # The memory-efficient backend takes no grouped heads: K and V come repeated to the 8 query heads.
+    assert heads and set(heads) == {(8, 8, 8, False)}
     assert _peer("SDPA flash")(F.scaled_dot_product_attention, masked, {}) == "takes no attention mask"
     refused = _peer("SDPA cuDNN")(F.scaled_dot_product_attention, _inputs([5], new_tokens=2), {"causal": True})
     assert refused == "aligns causal masking to the top left; the op's new tokens are bottom-right aligned"

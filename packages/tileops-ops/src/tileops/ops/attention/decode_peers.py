@@ -6,7 +6,9 @@ would call it for the same decode step.
   backend, and to its memory-efficient one, the one that takes a boolean mask (a key mask
   becomes one, as transformers' sdpa path passes its static cache's decode mask; the other two
   refuse a key mask): it takes (B, H, S, D) tensors (transposed views of the op's: no copy),
-  grouped-query heads through ``enable_gqa``, and no per-sequence length. Where every sequence
+  grouped-query heads through ``enable_gqa`` (flash, cuDNN; the memory-efficient backend takes
+  none, so its calls repeat K and V to the query heads, as transformers' sdpa path does where it
+  passes a mask), and no per-sequence length. Where every sequence
   of the call has the same length (the manifest's workloads fill the caches) one call reads the
   caches' first ``length`` positions; otherwise it is called once per sequence, as a user
   without a variable-length decode kernel would. A paged cache is gathered into contiguous
@@ -60,9 +62,11 @@ def _shown(key_mask, rows: slice, n: int):
     return shown[:, None, None, :]
 
 
-def _sdpa(backend: str, *, takes_masks: bool):
+def _sdpa(backend: str, *, takes_masks: bool, groups_heads: bool):
     """The adapter that calls SDPA with only ``backend`` (a ``torch.nn.attention.SDPBackend``
-    name) allowed; a key mask becomes its boolean attention mask where ``takes_masks``."""
+    name) allowed; a key mask becomes its boolean attention mask where ``takes_masks``; grouped
+    query heads are passed as they are (``enable_gqa``) where ``groups_heads``, else K and V are
+    repeated to the query heads within the timed call."""
 
     def adapter(function, inputs, params):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -75,8 +79,12 @@ def _sdpa(backend: str, *, takes_masks: bool):
         keys, values = _contiguous_caches(inputs, params)
         lengths = inputs["cache_seqlens"].clamp(0, keys.shape[1]).tolist()
         chosen = getattr(SDPBackend, backend)
-        options = {"scale": params.get("scale"), "enable_gqa": q.shape[2] != keys.shape[2]}
+        group = q.shape[2] // keys.shape[2]
+        options = {"scale": params.get("scale"), "enable_gqa": groups_heads and group > 1}
         heads_first = q.transpose(1, 2)
+
+        def query_heads(t):  # (B, Hkv, n, D) as the backend takes it
+            return t if groups_heads or group == 1 else t.repeat_interleave(group, dim=1)
         if len(set(lengths)) == 1:
             n = lengths[0]
             k, v = keys[:, :n].transpose(1, 2), values[:, :n].transpose(1, 2)
@@ -84,7 +92,7 @@ def _sdpa(backend: str, *, takes_masks: bool):
 
             def call():
                 with sdpa_kernel(chosen):
-                    return function(heads_first, k, v, attn_mask=mask, **options).transpose(1, 2)
+                    return function(heads_first, query_heads(k), query_heads(v), attn_mask=mask, **options).transpose(1, 2)
 
             return call
         per_sequence = [
@@ -96,7 +104,8 @@ def _sdpa(backend: str, *, takes_masks: bool):
         def call_each():
             with sdpa_kernel(chosen):
                 return torch.cat([
-                    function(heads_first[b: b + 1], k, v, attn_mask=mask, **options) for b, k, v, mask in per_sequence
+                    function(heads_first[b: b + 1], query_heads(k), query_heads(v), attn_mask=mask, **options)
+                    for b, k, v, mask in per_sequence
                 ]).transpose(1, 2)
 
         return call_each
@@ -160,9 +169,9 @@ def _flashinfer(wrapper_class, inputs, params):
 
 DECODE_PEERS = {
     "DecodeAttentionFwdOp": {
-        "SDPA flash": (SDPA, _sdpa("FLASH_ATTENTION", takes_masks=False)),
-        "SDPA cuDNN": (SDPA, _sdpa("CUDNN_ATTENTION", takes_masks=False)),
-        "SDPA efficient": (SDPA, _sdpa("EFFICIENT_ATTENTION", takes_masks=True)),
+        "SDPA flash": (SDPA, _sdpa("FLASH_ATTENTION", takes_masks=False, groups_heads=True)),
+        "SDPA cuDNN": (SDPA, _sdpa("CUDNN_ATTENTION", takes_masks=False, groups_heads=True)),
+        "SDPA efficient": (SDPA, _sdpa("EFFICIENT_ATTENTION", takes_masks=True, groups_heads=False)),
         "flash-attn": (FLASH_ATTN_KVCACHE, _flash_attn),
         "FlashInfer": (FLASHINFER_DECODE, _flashinfer),
     },
