@@ -299,6 +299,23 @@ def test_explain_reports_a_call_the_signature_rejects(capsys):
     assert "argument 'x' expected dtype float16 or bfloat16 or float32 or float64, got torch.int8" in out
 
 
+def test_explain_takes_the_dimensions_a_shape_leaves_from_a_workload_whose_call_it_fits(capsys):
+    # Eight sequences: the first decode workload's caches hold 2 rows, a later one's 8. The block
+    # table and the key mask, whose widths nothing given names, are left out.
+    code, out = run_cli(capsys, "explain", "DecodeAttentionFwdOp", "--shape", "8x1x32x128", "--device", "cpu")
+    assert code == 0, out
+    call = next(line for line in out.splitlines() if line.startswith("call:"))
+    assert call.startswith("call:         q (8, 1, 32, 128), k_cache (8, 16384, 8, 128),") and "block_table" not in call
+    assert "served in-tree: DecodeAttentionFwdInterface by torch_cpu" in out
+    # Heads-first caches: a heads-first workload gives them.
+    _, out = run_cli(capsys, "explain", "DecodeAttentionFwdOp", "--shape", "8x1x32x128", "--device", "cpu",
+                     "--param", "cache_layout=bhsd")
+    assert "k_cache (8, 8, 4096, 128)" in out and "served in-tree" in out
+    # No workload's caches hold 300 rows: the first workload's sizes stand, and the signature says why.
+    _, out = run_cli(capsys, "explain", "DecodeAttentionFwdOp", "--shape", "300x1x32x128", "--device", "cpu")
+    assert "the call raises OpArgumentError" in out and "rule: N >= B" in out
+
+
 def test_explain_of_a_backward_op_whose_first_input_is_a_0_dim_gradient(capsys):
     # --shape () is the loss's gradient; the other inputs keep the first workload's sizes.
     code, out = run_cli(capsys, "explain", "CrossEntropyBwdOp", "--shape", "()")

@@ -197,9 +197,14 @@ class CallFlags:
 
         ``template`` (default: the entry's first manifest workload) with the flags' params over
         its own and the omitted inputs left out. With ``shape``, the first input has that shape
-        and every input but the omitted ones is passed, shaped by the manifest's patterns; the
-        params the flags set win over those the shape binds (a contradiction is the signature's
-        to report, as a call's).
+        and every input but the omitted ones is passed, shaped by the manifest's patterns (an
+        optional input the template leaves out only where its pattern's dimensions are known:
+        a block table's page count is not); the params the flags set win over those the shape
+        binds (a contradiction is the signature's to report, as a call's). Without a named
+        template the dimensions the first input does not give (a cache's rows) come from the
+        first workload that passes the same inputs with the same params as the entry's first
+        (the flags' over both) and whose call the signature takes at this shape, else from the
+        first.
         """
         entry = op_class.manifest_entry()
         params = self.params_for(entry)
@@ -208,14 +213,66 @@ class CallFlags:
         if shape is None:
             shapes = {name: s for name, s in base.shapes.items() if name not in omitted}
             return Workload(base.name, shapes, base.dtypes, {**base.params, **params})
+        first = self._shaped(entry, shape, base, params, omitted)
+        if template is not None or _takes(op_class, first, params):
+            return first
+        for candidate in entry.workloads[1:]:
+            if {**candidate.params, **params} != {**base.params, **params} or set(candidate.shapes) != set(base.shapes):
+                continue
+            try:
+                described = self._shaped(entry, shape, candidate, params, omitted)
+            except UsageError:
+                continue
+            if _takes(op_class, described, params):
+                return described
+        return first
+
+    @staticmethod
+    def _shaped(entry: OpEntry, shape: tuple[int, ...], base: Workload, params: dict, omitted: set[str]) -> Workload:
+        """``base`` with its first input of ``shape`` and the others shaped by their patterns."""
         # workload_for_shape passes the inputs its template does, each shaped from its pattern.
-        passed = {t.name: base.shapes.get(t.name, ()) for t in entry.inputs if t.name not in omitted}
+        known = _dimensions_known(entry, base)
+        passed = {
+            t.name: base.shapes.get(t.name, ())
+            for t in entry.inputs
+            if t.name not in omitted and (t.name in base.shapes or _shapes_from(t, known))
+        }
         try:
             described = workload_for_shape(entry, shape, Workload(base.name, passed, base.dtypes, {**base.params, **params}))
         except ValueError as error:
             hint = " (--omit leaves out an optional input)" if any(t.optional for t in entry.inputs) else ""
             raise UsageError(f"--shape {'x'.join(map(str, shape))}: {error}{hint}") from None
         return dataclasses.replace(described, params={**described.params, **params})
+
+
+def _dimensions_known(entry: OpEntry, base: Workload) -> set[str]:
+    """The dimension names a call shaped from ``base`` knows: those of the first input and of
+    the inputs ``base`` passes, and ``base``'s params."""
+    known = set(base.params)
+    for decl in entry.inputs:
+        if decl.shape is not None and (decl is entry.inputs[0] or decl.name in base.shapes):
+            known |= {dim.name for dim in decl.shape.entries if dim.name is not None}
+    return known
+
+
+def _shapes_from(decl, known: set[str]) -> bool:
+    """Whether ``decl``'s shape follows from the ``known`` dimensions (or from another input's)."""
+    return decl.shape is None or all(dim.name is None or dim.name in known for dim in decl.shape.entries)
+
+
+def _takes(op_class: type[Op], workload: Workload, params: dict) -> bool:
+    """Whether the signature takes a call of ``workload`` (on meta tensors: any size, free)."""
+    entry = op_class.manifest_entry()
+    try:
+        op = op_class(**{**workload.params, **params})
+        inputs = {
+            name: torch.empty(shape, dtype=entry.input(name).dtype_in(workload.dtypes[0]), device="meta")
+            for name, shape in workload.shapes.items()
+        }
+        op_class.signature().bind(op.params, (), inputs)
+    except (TileOpsError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _param_value(entry: OpEntry, decl: ParamDecl, given: _Given) -> Any:
