@@ -162,9 +162,10 @@ def _key_mask(attention_mask: Any, batch: int, k_length: int) -> torch.Tensor | 
 
 def _lengths(key_mask: torch.Tensor | None, batch: int, k_length: int, device: torch.device) -> torch.Tensor:
     """The decode op's ``cache_seqlens``: each sequence's last shown key + 1 under a mask, the
-    whole cache without one. The kernels read only the keys before a length, so a static cache's
-    unfilled tail (hidden by the mask) costs no reads: a step at position 100 of a 4096-row cache
-    reads 101 rows, not 4096. Computed on the device, so a captured graph replays it."""
+    whole cache without one. The kernels load no position the mask hides, but they walk every
+    tile before the length: with the cache's length a step at position 100 of a 4096-row static
+    cache walked its 64 tiles of 64 positions, with this one 2. Computed on the device, so a
+    captured graph replays it."""
     if key_mask is None:
         return torch.full((batch,), k_length, dtype=torch.int32, device=device)
     positions = torch.arange(1, k_length + 1, dtype=torch.int32, device=device)
