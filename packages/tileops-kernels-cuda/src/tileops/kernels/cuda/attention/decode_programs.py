@@ -216,44 +216,18 @@ def make_attend_program(
         o_type = T.Tensor(q_shape, dt)
         lse_type = T.Tensor((batch, heads_q, new_tokens), f32)
 
-    # The optional inputs change the kernel's parameters: one signature per combination.
-    table_type, mask_type = T.Tensor((batch, pages), "int32"), T.Tensor((batch, mask_width), "bool")
-    if paged and masked:
+    # An optional input the kernel does not take is a non-buffer annotation: the parameter is
+    # left out of the kernel's signature, as the launch leaves out the tensor.
+    table_type = T.Tensor((batch, pages), "int32") if paged else 0
+    mask_type = T.Tensor((batch, mask_width), "bool") if masked else 0
 
-        @T.prim_func
-        def main(
-            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
-            cache_seqlens: T.Tensor((batch,), "int32"), block_table: table_type, key_mask: mask_type,
-            o_out: o_type, lse_out: lse_type,
-        ):
-            body(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, o_out, lse_out)
-
-    elif paged:
-
-        @T.prim_func
-        def main(
-            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
-            cache_seqlens: T.Tensor((batch,), "int32"), block_table: table_type, o_out: o_type, lse_out: lse_type,
-        ):
-            body(q, k_cache, v_cache, cache_seqlens, block_table, None, o_out, lse_out)
-
-    elif masked:
-
-        @T.prim_func
-        def main(
-            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
-            cache_seqlens: T.Tensor((batch,), "int32"), key_mask: mask_type, o_out: o_type, lse_out: lse_type,
-        ):
-            body(q, k_cache, v_cache, cache_seqlens, None, key_mask, o_out, lse_out)
-
-    else:
-
-        @T.prim_func
-        def main(
-            q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
-            cache_seqlens: T.Tensor((batch,), "int32"), o_out: o_type, lse_out: lse_type,
-        ):
-            body(q, k_cache, v_cache, cache_seqlens, None, None, o_out, lse_out)
+    @T.prim_func
+    def main(
+        q: T.Tensor(q_shape, dt), k_cache: T.Tensor(cache_shape, dt), v_cache: T.Tensor(cache_shape, dt),
+        cache_seqlens: T.Tensor((batch,), "int32"), block_table: table_type, key_mask: mask_type,
+        o_out: o_type, lse_out: lse_type,
+    ):
+        body(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, o_out, lse_out)
 
     return main
 
