@@ -240,7 +240,7 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
 
     @T.macro
     def load_row(x, dy, r, xbuf, gbuf, lane):
-        """A thread's vectors of row r of x and dy (register mode)."""
+        """A thread's vectors of row r of x and dy, all of them (register mode)."""
         for u in T.unroll(step):
             if u * tpr + lane < nv:
                 for v in lanes(vec):
@@ -296,23 +296,25 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                 src = T.min(row, m - 1)  # past the last row: read a valid row, store nothing
                 mu[0] = mean[src] if layer else f(0)
                 rs[0] = rstd[src]
-                if prefetch:
+                if prefetch:  # this row was loaded ahead; load the next
                     if row + s < m:
                         load_row(x, dy, row + s, xn, gn, lane)
+                elif cached:
+                    load_row(x, dy, src, xb, gb, lane)
                 tot[0] = f(0)
                 tot[1] = f(0)
                 for st in T.serial(steps):
-                    for u in T.unroll(step):
-                        vi = (st * step + u) * tpr + lane
-                        if vi < nv:
-                            if not prefetch:
+                    if not cached:  # the streamed mode loads a step's vectors (and weight) at a time
+                        for u in T.unroll(step):
+                            vi = (st * step + u) * tpr + lane
+                            if vi < nv:
                                 for v in lanes(vec):
                                     xb[u * vec + v] = x[src, vi * vec + v]
                                 for v in lanes(vec):
                                     gb[u * vec + v] = dy[src, vi * vec + v]
-                            if has_weight and not cached:
-                                for v in lanes(vec):
-                                    wb[u * vec + v] = w[vi * vec + v]
+                                if has_weight:
+                                    for v in lanes(vec):
+                                        wb[u * vec + v] = w[vi * vec + v]
                     for u in T.unroll(step):
                         vi = (st * step + u) * tpr + lane
                         if vi < nv:
