@@ -260,15 +260,17 @@ def _shapes_from(decl, known: set[str]) -> bool:
     return decl.shape is None or all(dim.name is None or dim.name in known for dim in decl.shape.entries)
 
 
+def meta_inputs(entry: OpEntry, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Meta tensors of ``shapes``, each in the dtype its input takes in a call in ``dtype``: the
+    signature's checks run on them as on a call's, for any size, free."""
+    return {name: torch.empty(shape, dtype=entry.input(name).dtype_in(dtype), device="meta") for name, shape in shapes.items()}
+
+
 def _takes(op_class: type[Op], workload: Workload, params: dict) -> bool:
-    """Whether the signature takes a call of ``workload`` (on meta tensors: any size, free)."""
-    entry = op_class.manifest_entry()
+    """Whether the signature takes a call of ``workload``."""
     try:
         op = op_class(**{**workload.params, **params})
-        inputs = {
-            name: torch.empty(shape, dtype=entry.input(name).dtype_in(workload.dtypes[0]), device="meta")
-            for name, shape in workload.shapes.items()
-        }
+        inputs = meta_inputs(op_class.manifest_entry(), workload.shapes, workload.dtypes[0])
         op_class.signature().bind(op.params, (), inputs)
     except (TileOpsError, ValueError, TypeError):
         return False

@@ -110,9 +110,7 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
         shapes = dict(workload.shapes)
         report["call"]["inputs"] = shapes
         # The call's own checks, on meta tensors: the same errors as a call, for any size, free.
-        entry = op_class.manifest_entry()
-        inputs = {name: torch.empty(shape, dtype=entry.input(name).dtype_in(dtype), device="meta") for name, shape in shapes.items()}
-        bound = op_class.signature().bind(op.params, (), inputs)
+        bound = op_class.signature().bind(op.params, (), call_flags.meta_inputs(entry, shapes, dtype))
     except TileOpsError as error:
         report["rejected"] = f"{type(error).__name__}: {error}"
         return report
