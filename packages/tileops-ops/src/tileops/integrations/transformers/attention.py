@@ -203,8 +203,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                     inputs["key_mask"] = key_mask
                 if ops.kernels_serve(ops.decode, inputs):
                     return ops.decode(**inputs)[0], None
-    if not unsupported and attention_mask is None:
-        q_length, k_length = query.shape[2], key.shape[2]
+    if not unsupported and attention_mask is None:  # q_length and k_length were read above
         if causal and 1 < q_length < k_length:
             # No mask with more keys than queries: a prefill into an empty static cache, whose rows
             # past the queries are unfilled; the mask builder aligns it to the top left.
