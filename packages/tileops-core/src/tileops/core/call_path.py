@@ -269,7 +269,8 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     elif outs:
         w.emit(f"if _outs is not _NO_OUTS and _overlap(({inputs}), _outs): break", 1)
     # A call whose written tensors are all empty runs nothing: the reference bind handles it.
-    written = [f"0 in {shape}" for decl, shape in zip(entry.outputs, shapes) if not decl.aliases]
+    # (Each shape once: outputs shaped like the same input share one test.)
+    written = list(dict.fromkeys(f"0 in {shape}" for decl, shape in zip(entry.outputs, shapes) if not decl.aliases))
     written += [f"{decl.name}.numel() == 0" for decl in entry.inputs if decl.written and not decl.optional]
     if written:
         w.emit(f"if {' and '.join(written)}: break", 1)

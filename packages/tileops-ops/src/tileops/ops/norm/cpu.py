@@ -11,7 +11,6 @@ op, which runs the backward implementations below.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from tileops.core import Kernel
 
@@ -62,11 +61,13 @@ class _TorchNorm(Kernel):
 
     # -- forward: y alone (no statistics saved) ---------------------------------------------
     def _rms_y(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        # torch's own function, with no call into torch for float32 and float64 tensors beyond
-        # it: a small CPU call costs about as much as torch's own.
+        # torch._fused_rms_norm is what torch.rms_norm computes, rstd included, without the
+        # dispatch torch.rms_norm adds: on a (1, 4096) CPU call it takes 1.3 us less than
+        # F.rms_norm, which keeps the op within its overhead budget over F.rms_norm. (Its rstd
+        # is not squeezed here: a view costs about 1 us on such a call.)
         if x.dtype in _WIDE:  # weight has x's dtype (the signature checked it)
-            return F.rms_norm(x, self.shape, weight, self.eps)
-        return _narrow(F.rms_norm(_wide(x), self.shape, _wide(weight), self.eps), x.dtype)
+            return torch._fused_rms_norm(x, self.shape, weight, self.eps)[0]
+        return _narrow(torch._fused_rms_norm(x.float(), self.shape, _wide(weight), self.eps)[0], x.dtype)
 
     def _layer_y(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
         # torch.layer_norm is what F.layer_norm calls after its own Python checks, which cost
@@ -77,12 +78,8 @@ class _TorchNorm(Kernel):
 
     # -- forward: (y, statistics) --------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor | None):
-        wide = _wide(x)
-        rstd = torch.rsqrt(wide.square().mean(-1) + self.eps)
-        y = wide * rstd.unsqueeze(-1)
-        if weight is not None:
-            y = y * _wide(weight)
-        return _narrow(y, x.dtype), (rstd,)
+        y, rstd = torch._fused_rms_norm(_wide(x), self.shape, _wide(weight), self.eps)
+        return _narrow(y, x.dtype), (rstd.squeeze(-1),)  # its rstd keeps the normalised dimension
 
     def _layer(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None):
         y, mean, rstd = torch.native_layer_norm(_wide(x), (self.n,), _wide(weight), _wide(bias), self.eps)
