@@ -124,12 +124,12 @@ class _ShapeRecordingLayerNorm(_NarrowTorchLayerNorm):
 
 
 class _LeadingDimsLayerNorm(_ShapeRecordingLayerNorm):
-    takes_leading_dims = True
+    takes_any_shape = True
     seen: list = []
 
 
 @pytest.mark.parametrize(("implementation", "given"), [(_ShapeRecordingLayerNorm, (6, 128)), (_LeadingDimsLayerNorm, (2, 3, 128))])
-def test_an_implementation_gets_rows_unless_it_takes_leading_dims(scoped_registry, implementation, given):
+def test_an_implementation_gets_rows_unless_it_takes_any_shape(scoped_registry, implementation, given):
     implementation.seen.clear()  # class-level: a rerun in the same process starts empty
     register_kernel_type("LayerNormFwdOp", "recording", implementation)
     op = LayerNormFwdOp(128)
@@ -139,7 +139,7 @@ def test_an_implementation_gets_rows_unless_it_takes_leading_dims(scoped_registr
     assert implementation.seen == [given]
     assert y.shape == x.shape
     torch.testing.assert_close(y, F.layer_norm(x, (128,), w, b))
-    assert (y._base is None) == implementation.takes_leading_dims  # rows come back as a view of the (m, n) result
+    assert (y._base is None) == implementation.takes_any_shape  # rows come back as a view of the (m, n) result
 
 
 def test_registering_a_key_twice_raises_and_keeps_the_first(scoped_registry):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar
 
 import torch
 
@@ -55,16 +54,7 @@ class PackedCall(CallSpec):
     aligned: bool
 
 
-class _ActivationInterface(KernelInterface):
-    """What every activation interface shares: the any-shape declaration."""
-
-    #: True when ``forward`` takes the caller's tensors in their own shape and returns results
-    #: of that shape: the op then passes them without views (each costs about 0.8 us of host
-    #: time, a third of a small CPU call's whole budget).
-    takes_any_shape: ClassVar[bool] = False
-
-
-class ActivationFwdInterface(_ActivationInterface):
+class ActivationFwdInterface(KernelInterface):
     call_spec = ActivationCall
 
     @abc.abstractmethod
@@ -72,7 +62,7 @@ class ActivationFwdInterface(_ActivationInterface):
         """``act(x)`` for a contiguous 1-D ``x``: a new tensor of x's shape and dtype."""
 
 
-class ActivationBwdInterface(_ActivationInterface):
+class ActivationBwdInterface(KernelInterface):
     call_spec = ActivationCall
 
     @abc.abstractmethod
@@ -81,7 +71,7 @@ class ActivationBwdInterface(_ActivationInterface):
         tensor of x's shape and dtype."""
 
 
-class GatedFwdInterface(_ActivationInterface):
+class GatedFwdInterface(KernelInterface):
     call_spec = ActivationCall
 
     @abc.abstractmethod
@@ -89,7 +79,7 @@ class GatedFwdInterface(_ActivationInterface):
         """``act(gate) * up`` for contiguous 1-D ``gate`` and ``up`` of one length."""
 
 
-class GatedBwdInterface(_ActivationInterface):
+class GatedBwdInterface(KernelInterface):
     call_spec = ActivationCall
 
     @abc.abstractmethod
@@ -98,7 +88,7 @@ class GatedBwdInterface(_ActivationInterface):
         (dgate, dup), new tensors of gate's shape and dtype."""
 
 
-class PackedGatedFwdInterface(_ActivationInterface):
+class PackedGatedFwdInterface(KernelInterface):
     call_spec = PackedCall
 
     @abc.abstractmethod
@@ -107,7 +97,7 @@ class PackedGatedFwdInterface(_ActivationInterface):
         tensor of x's dtype."""
 
 
-class PackedGatedBwdInterface(_ActivationInterface):
+class PackedGatedBwdInterface(KernelInterface):
     call_spec = PackedCall
 
     @abc.abstractmethod

@@ -48,7 +48,7 @@ def _narrow(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class _TorchNorm(Kernel):
     devices = frozenset({"cpu"})
     general = True
-    takes_leading_dims = True  # every function below works on the last dimension of any rank
+    takes_any_shape = True  # every function below works on the last dimension of any rank
 
     def __init__(self, n: int, eps: float) -> None:
         super().__init__()

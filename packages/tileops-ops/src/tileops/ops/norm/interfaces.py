@@ -4,9 +4,9 @@ a normalization, forward or backward (in-tree or a backend's), is written agains
 Kernels see row-major, contiguous tensors: ``x`` of shape (m, n) where n is the product of
 ``normalized_shape`` and m of every leading dimension; ``weight`` and ``bias`` of shape (n,) or
 None. The op reshapes its inputs and outputs around them, except for an implementation that
-sets ``takes_leading_dims = True``: when ``normalized_shape`` has one dimension, it receives x
-(and residual) as the caller passed them, (..., n) with any number of leading dimensions, and
-returns outputs of that shape.
+sets ``takes_any_shape = True``: when ``normalized_shape`` has one dimension, it receives x
+(and residual) as the caller passed them, (..., n) with any number of leading dimensions (the
+statistics of shape (...)), and returns outputs of that shape.
 
 Saved statistics. A forward that is differentiated is called through ``forward_saving``: its
 result and the per-row statistics its backward reads (``rstd``, and ``mean`` for LayerNorm), of
@@ -84,17 +84,7 @@ class FusedAddLayerNormBwdCall(NormCall):
     """A call of ``FusedAddLayerNormBwdInterface``."""
 
 
-class _NormInterface(KernelInterface):
-    """What every norm interface shares: the leading-dimensions declaration."""
-
-    #: True when ``forward`` takes its (m, n) tensors of shape (..., n), any number of leading
-    #: dimensions (and its (m,) statistics of shape (...)), and returns outputs of that shape:
-    #: the op then passes the caller's tensors without a view (a view costs about a
-    #: microsecond of host time on a decode call).
-    takes_leading_dims: ClassVar[bool] = False
-
-
-class _NormFwdInterface(_NormInterface):
+class _NormFwdInterface(KernelInterface):
     """A forward norm interface: ``forward`` and ``forward_saving``."""
 
     def forward_saving(self, *args: torch.Tensor | None) -> tuple[object, tuple[torch.Tensor | None, ...]]:
@@ -171,7 +161,7 @@ class FusedAddLayerNormFwdInterface(_NormFwdInterface):
 # or of a zero bias): the op drops it.
 
 
-class RMSNormBwdInterface(_NormInterface):
+class RMSNormBwdInterface(KernelInterface):
     call_spec = RMSNormBwdCall
 
     @abc.abstractmethod
@@ -183,7 +173,7 @@ class RMSNormBwdInterface(_NormInterface):
         ``dweight = sum over rows of dy * xhat``."""
 
 
-class LayerNormBwdInterface(_NormInterface):
+class LayerNormBwdInterface(KernelInterface):
     call_spec = LayerNormBwdCall
 
     @abc.abstractmethod
@@ -200,7 +190,7 @@ class LayerNormBwdInterface(_NormInterface):
         ``g = dy * weight``; ``dweight = sum of dy * xhat``, ``dbias = sum of dy`` over rows."""
 
 
-class FusedAddRMSNormBwdInterface(_NormInterface):
+class FusedAddRMSNormBwdInterface(KernelInterface):
     call_spec = FusedAddRMSNormBwdCall
 
     @abc.abstractmethod
@@ -216,7 +206,7 @@ class FusedAddRMSNormBwdInterface(_NormInterface):
         ``dresidual_sum`` added to dx in the same pass (x and residual both get dsum)."""
 
 
-class FusedAddLayerNormBwdInterface(_NormInterface):
+class FusedAddLayerNormBwdInterface(KernelInterface):
     call_spec = FusedAddLayerNormBwdCall
 
     @abc.abstractmethod

@@ -94,7 +94,7 @@ class _NormOp(Op):
     def _rows(self, x: torch.Tensor, kernel) -> torch.Tensor:
         """``x`` (or residual) as ``kernel`` takes it: as it is when the kernel takes leading
         dimensions or x is already (m, n) rows, else viewed as (m, n) rows."""
-        if self._one_dim and (kernel.takes_leading_dims or x.dim() == 2):
+        if self._one_dim and (kernel.takes_any_shape or x.dim() == 2):
             return x
         return x.view(-1, self.n)
 

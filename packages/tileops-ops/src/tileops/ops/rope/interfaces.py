@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar
 
 import torch
 
@@ -66,17 +65,7 @@ class RopeInplaceCall(RopeCall):
     """A call of ``RotaryEmbeddingInplaceInterface``."""
 
 
-class _RopeInterface(KernelInterface):
-    """What the rope interfaces share: the any-shape declaration."""
-
-    #: True when ``forward`` takes q and k in the caller's shape (..., heads, D), position_ids
-    #: in their leading shape, and returns results of q's and k's shapes: the op then passes
-    #: them without views (five of them cost about 4 us of host time on a small CPU call).
-    #: The in-place interface always receives the caller's tensors.
-    takes_any_shape: ClassVar[bool] = False
-
-
-class RotaryEmbeddingFwdInterface(_RopeInterface):
+class RotaryEmbeddingFwdInterface(KernelInterface):
     call_spec = RopeCall
 
     @abc.abstractmethod
@@ -87,7 +76,7 @@ class RotaryEmbeddingFwdInterface(_RopeInterface):
         rotated by the forward map of the module docstring."""
 
 
-class RotaryEmbeddingBwdInterface(_RopeInterface):
+class RotaryEmbeddingBwdInterface(KernelInterface):
     call_spec = RopeBwdCall
 
     @abc.abstractmethod
@@ -98,7 +87,7 @@ class RotaryEmbeddingBwdInterface(_RopeInterface):
         of the module docstring (the forward's transpose)."""
 
 
-class RotaryEmbeddingInplaceInterface(_RopeInterface):
+class RotaryEmbeddingInplaceInterface(KernelInterface):
     call_spec = RopeInplaceCall
 
     @abc.abstractmethod

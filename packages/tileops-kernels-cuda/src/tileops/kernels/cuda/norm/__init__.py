@@ -55,7 +55,7 @@ class _TileLangNorm(TileLangKernel):
 
     family = "norm"
     variant: ClassVar[str]
-    takes_leading_dims = True
+    takes_any_shape = True
     ranks_built_eagerly = (2,)  # the usual (m, n) rows are compiled with the kernel, not on a call
     #: True in the twin that ``forward_saving`` launches: its programs also write the statistics.
     save_stats: ClassVar[bool] = False

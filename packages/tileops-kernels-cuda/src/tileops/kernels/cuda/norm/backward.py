@@ -67,7 +67,7 @@ class _TileLangNormBwd(TileLangKernel):
 
     family = "norm"
     variant: ClassVar[str]
-    takes_leading_dims = True
+    takes_any_shape = True
     ranks_built_eagerly = (2,)  # forward views every call as rows: rank 2 is the only one
 
     def __init__(self, call: NormCall) -> None:
