@@ -19,7 +19,8 @@ Modes of the row kernel (``launch_config``):
   between the row's reduction and dx, so x and dy are read once; the column sums live in
   registers, or in shared memory where the register file cannot hold them (``_accumulators``).
   With ``prefetch`` a thread loads its slice of its slot's next row while it reduces and
-  writes the current one (``_prefetches`` says where).
+  writes the current one, and the fused kinds load the row's dresidual_sum before reducing it
+  (``_prefetches`` says where).
 * ``streamed``: any row length; x and dy are read again for dx (from L1/L2, the row was just
   read), and each slot adds its column sums into its own partial row in global memory at each
   row. With 16-byte vectors for long aligned rows, element-wise (vec = 1) for every length and
@@ -98,21 +99,27 @@ def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) 
 
 def _registers(kind: str, dtype: torch.dtype, columns: int, acc: str, prefetch: bool = False) -> int:
     """Registers a thread of the register mode needs: x, dy and weight of its columns (and the
-    next row's x and dy with ``prefetch``), their sums."""
-    held = math.ceil((5 if prefetch else 3) * columns * dtype.itemsize / 4)
+    next row's x and dy, and the fused kinds' dresidual_sum, with ``prefetch``), their sums."""
+    arrays = (6 if kind.startswith("add_") else 5) if prefetch else 3  # the fused kinds' row of dresidual_sum
+    held = math.ceil(arrays * columns * dtype.itemsize / 4)
     return held + (columns * parts_of(kind) if acc == "register" else 0) + _REGISTERS_BESIDES_COLUMNS
 
 
-def _prefetches(kind: str, dtype: torch.dtype, columns: int, threads: int, acc: str) -> bool:
-    """Whether the register mode loads a slot's next row ahead: where the buffers cost no block
-    of the SM's register budget, for the unfused kinds. A slot otherwise waits for each row's
-    loads after writing the last one's dx, so its SM has no loads in flight while it reduces.
-    H200, bf16 rms_norm, % of the copy bandwidth without -> with: 72 -> 87 on 8192 x 4096,
-    75 -> 89 on 32768 x 2048, 66 -> 73 on 8192 x 8192; layer_norm on 8192 x 4096, whose two
-    column sums leave no registers for the buffers, fell 64 -> 44 with them (one block per SM
-    instead of two). The fused kinds read dresidual_sum in the dx pass, which the buffers do
-    not cover: add_rms_norm lost 9-11 points on rows of 1024 and 2048."""
-    if kind.startswith("add_"):
+def _prefetches(kind: str, dtype: torch.dtype, columns: int, threads: int, rows: int, acc: str) -> bool:
+    """Whether the register mode loads a slot's next row ahead (and, for the fused kinds, the
+    row's dresidual_sum before its reduction): where the buffers cost no block of the SM's
+    register budget and, for the fused kinds, where a row fills its block (``rows`` slots per
+    block: 1). A slot otherwise waits for each row's loads after writing the last one's dx, so
+    its SM has no loads in flight while it reduces.
+
+    H200, bf16, % of the copy bandwidth without -> with: rms_norm 72 -> 87 on 8192 x 4096,
+    75 -> 89 on 32768 x 2048; add_rms_norm 76 -> 84 on 8192 x 4096, 65 -> 81 on 16384 x 7168,
+    51 -> 61 on 4096 x 5120; add_layer_norm 59 -> 69 on 16384 x 7168. Where the buffers took a
+    block they lost: layer_norm 64 -> 44 on 8192 x 4096 (its two column sums in registers),
+    add_layer_norm 72 -> 60 there. The fused kinds with several slots per block lost too,
+    though the registers estimate kept their blocks (add_rms_norm 78 -> 74 on 32768 x 2048,
+    64 -> 56 on 16384 x 1024; not understood: rms_norm gained on the same blocks)."""
+    if kind.startswith("add_") and rows > 1:
         return False
     fit = [REGISTER_FILE // (threads * _registers(kind, dtype, columns, acc, prefetch)) for prefetch in (False, True)]
     return fit[1] >= fit[0]
@@ -149,7 +156,7 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype, vectors: 
         acc, prefetch = None, False
         if per_thread <= _MAX_VECTORS_PER_THREAD:
             acc = _accumulators(kind, dtype, per_thread * vec, tpr * rows)
-            prefetch = acc is not None and _prefetches(kind, dtype, per_thread * vec, tpr * rows, acc)
+            prefetch = acc is not None and _prefetches(kind, dtype, per_thread * vec, tpr * rows, rows, acc)
         return {"vec": vec, "tpr": tpr, "rows": rows, "mode": "register", "acc": acc, "unroll": per_thread,
                 "prefetch": prefetch}
     unroll = 4
@@ -260,6 +267,9 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                 xn = T.alloc_local((step * vec,), dt)
                 gn = T.alloc_local((step * vec,), dt)
             wb = T.alloc_local((step * vec,), dt)  # weight
+            early_dr = fused and prefetch  # the row's dresidual_sum, loaded before its reduction
+            if early_dr:
+                rb = T.alloc_local((step * vec,), dt)
             if acc == "shared":
                 sums = T.alloc_shared((parts * step * threads * vec,), f32)
             else:
@@ -299,6 +309,11 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                 if prefetch:  # this row was loaded ahead; load the next
                     if row + s < m:
                         load_row(x, dy, row + s, xn, gn, lane)
+                    if early_dr and row < m:
+                        for u in T.unroll(step):
+                            if u * tpr + lane < nv:
+                                for v in lanes(vec):
+                                    rb[u * vec + v] = dr[row, (u * tpr + lane) * vec + v]
                 elif cached:
                     load_row(x, dy, src, xb, gb, lane)
                 tot[0] = f(0)
@@ -360,7 +375,12 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                                     xh = (f(xb[u * vec + v]) - mu[0]) * rs[0]
                                     g = f(gb[u * vec + v]) * f(wb[u * vec + v]) if has_weight else f(gb[u * vec + v])
                                     d = (g - c2 - xh * c1) * rs[0] if layer else (g - xh * c1) * rs[0]
-                                    dx[row, col] = T.cast(d + f(dr[row, col]), dt) if fused else T.cast(d, dt)
+                                    if early_dr:
+                                        dx[row, col] = T.cast(d + f(rb[u * vec + v]), dt)
+                                    elif fused:
+                                        dx[row, col] = T.cast(d + f(dr[row, col]), dt)
+                                    else:
+                                        dx[row, col] = T.cast(d, dt)
                 if prefetch:
                     for e in T.unroll(step * vec):
                         xb[e] = xn[e]
