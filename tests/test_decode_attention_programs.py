@@ -41,6 +41,25 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
     assert policy.blocks_per_sm(16, 32, 2, 10**7, 10**7, 2048) == 16
 
 
+def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their_buffers_are_counted():
+    assert policy.stages(0, False) == policy.STAGES == 3
+    assert policy.stages(256, False) == policy.stages(64, False) == 3
+    assert policy.stages(16, False) == 0  # pages smaller than a tile are gathered row by row
+    assert policy.stages(0, True) == policy.stages(256, True) == 0  # hidden positions are not read
+    # D = 128, 16 rows: three stages of a key and a value tile, 102 KiB: 2 blocks in 228 KiB.
+    assert policy.shared_bytes(16, 128, 2, stages=3) == 2 * (16 * 128 + 3 * 2 * 64 * 128 + 16 * 64) == 104448
+    assert policy.shared_bytes(16, 128, 2, stages=1) == policy.shared_bytes(16, 128, 2)
+    assert policy.blocks_per_sm(16, 128, 2, H200[1], stages=3) == 2
+    from tileops.kernels.cuda.attention import decode_programs as programs
+
+    with pytest.raises(ValueError, match="key mask"):
+        programs.make_attend_program(torch.bfloat16, 32, 8, 128, 1, 0, 0.1, True, "bshd", True,
+                                     split=False, block_n=64, threads=128, blocks_per_sm=2, stages=3)
+    with pytest.raises(ValueError, match="page size 16"):
+        programs.make_attend_program(torch.bfloat16, 32, 8, 128, 1, 16, 0.1, True, "bshd", False,
+                                     split=False, block_n=64, threads=128, blocks_per_sm=2, stages=3)
+
+
 def test_splits_fill_one_wave_of_resident_blocks_and_no_more():
     resident = H200[0] * 5
     cost = policy.split_bytes(32, 8, 128, 1, 2)
@@ -101,7 +120,8 @@ def _call(page_size=0, new_tokens=1, cache_layout="bshd", masked=False):
 
 def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
     kernel = kernels.TileLangDecodeAttention(_call())
-    assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 5}
+    # Tiles copied whole in three stages: two blocks per multiprocessor (264 resident).
+    assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 2, "stages": 3}
     q, k = torch.randn(1, 1, 32, 128).bfloat16(), torch.randn(1, 32768, 8, 128).bfloat16()
     seqlens = torch.tensor([20000], dtype=torch.int32)
     o, lse = kernel.forward(q, k, k, seqlens, None, None)
@@ -110,7 +130,8 @@ def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
     assert attend == "attend-split" and merge == "merge"
     assert attended[:4] == (q, k, k, seqlens)
     o_part, lse_part = attended[4:]
-    assert o_part.shape == (82, 1, 1, 32, 128) and lse_part.shape == (82, 1, 32, 1) and o_part.dtype == torch.float32
+    # 8 kv heads x 33 splits: the 264 blocks the GPU holds at once.
+    assert o_part.shape == (33, 1, 1, 32, 128) and lse_part.shape == (33, 1, 32, 1) and o_part.dtype == torch.float32
     assert merged[0] is o_part and merged[1] is lse_part and merged[2] is o and merged[3] is lse
 
 
@@ -153,20 +174,21 @@ COMPILE = """
 import torch
 from tileops.kernels.cuda.attention import decode_programs as programs
 target = {"kind": "cuda", "arch": "sm_90"}
-# One build per kind: attend over a contiguous cache (split), attend over a paged one (unsplit,
-# pages of 16, several causal new tokens, another dtype and head size, heads-first pages as
-# transformers' caches hold them, a key mask), and the merge.
+# One build per kind: attend over a contiguous cache (split, whole tiles in a pipeline), attend
+# over a paged one (unsplit, guarded loads: pages of 16, several causal new tokens, another dtype
+# and head size, heads-first pages as transformers' caches hold them, a key mask), and the merge.
 builds = [
     ("attend", programs.compile_attend(torch.bfloat16, 32, 8, 128, 1, 0, 128**-0.5, True, "bshd", False, target,
-                                       split=True, block_n=64, threads=128, blocks_per_sm=5)),
+                                       split=True, block_n=64, threads=128, blocks_per_sm=2, stages=3)),
     ("attend_paged", programs.compile_attend(torch.float16, 64, 8, 64, 3, 16, 0.125, True, "bhsd", True, target,
-                                             split=False, block_n=64, threads=128, blocks_per_sm=3)),
+                                             split=False, block_n=64, threads=128, blocks_per_sm=3, stages=0)),
     ("merge", programs.compile_merge(torch.bfloat16, 32, 128, 1, target)),
 ]
 for name, kernel in builds:
     source = kernel.get_kernel_source()
     body = source[source.index("__launch_bounds__"):]
-    print(name, body[:body.index(")") + 1], "mma_sync" in body, "block_table" in body, "key_mask" in body, "exp2f" in body)
+    print(name, body[:body.index(")") + 1], "mma_sync" in body, "block_table" in body, "key_mask" in body, "exp2f" in body,
+          "tma_load" in body)
 """
 
 
@@ -176,9 +198,9 @@ def test_each_kernel_kind_compiles_for_sm90(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.split()[:1] in (["attend"], ["attend_paged"], ["merge"])]
     # name, launch bounds (threads, blocks per multiprocessor), tensor-core MMAs, block table,
-    # key mask, exp2
+    # key mask, exp2, tiles copied by TMA
     assert lines == [
-        ["attend", "__launch_bounds__(128,", "5)", "True", "False", "False", "True"],
-        ["attend_paged", "__launch_bounds__(128,", "3)", "True", "True", "True", "True"],
-        ["merge", "__launch_bounds__(128,", "1)", "False", "False", "False", "True"],
+        ["attend", "__launch_bounds__(256,", "2)", "True", "False", "False", "True", "True"],  # + a producer warp group
+        ["attend_paged", "__launch_bounds__(128,", "3)", "True", "True", "True", "True", "False"],
+        ["merge", "__launch_bounds__(128,", "1)", "False", "False", "False", "True", "False"],
     ], result.stdout[-3000:]

@@ -49,11 +49,12 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         sm_count, *per_multiprocessor = multiprocessors(self._device_index)
         itemsize = call.dtype.itemsize
         block_m = policy.block_rows(call.heads_q, call.heads_kv, call.new_tokens)
-        per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, *per_multiprocessor)
+        stages = policy.stages(call.page_size, call.masked)
+        per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, *per_multiprocessor, stages=stages)
         self._resident = sm_count * per_sm
         self._position_bytes = 2 * call.head_dim * itemsize  # a key and a value
         self._split_cost = policy.split_bytes(call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, itemsize)
-        self.config = {"block_n": policy.BLOCK_N, "threads": policy.THREADS, "blocks_per_sm": per_sm}
+        self.config = {"block_n": policy.BLOCK_N, "threads": policy.THREADS, "blocks_per_sm": per_sm, "stages": stages}
         self._splits: dict[tuple[int, int], int] = {}
         self._positions_at = 1 if call.cache_layout == "bshd" else 2  # of the caches' dimensions
         target = compile_target(call.device)

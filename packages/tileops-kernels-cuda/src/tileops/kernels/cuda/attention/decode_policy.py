@@ -3,7 +3,8 @@ many splits of the cache a call runs, from the shape and the GPU's facts (pure P
 
 The kernel is bound by reading the caches: its blocks load a tile of keys and values, then
 compute on it, so a streaming multiprocessor keeps the memory system busy by holding several
-blocks at once, each waiting on its loads while another computes. ``B * Hkv`` blocks serve a
+blocks at once, each waiting on its loads while another computes, and, where tiles are copied
+whole (``stages``), by each block keeping its next tiles' copies in flight. ``B * Hkv`` blocks serve a
 call unsplit; each split of the cache multiplies them, up to one wave of the blocks the GPU holds
 at once (``resident_blocks``; a second, partial wave would run at a fraction of the machine), and
 adds bytes besides its share of the cache (``split_bytes``: q loaded again, a partial o and lse
@@ -36,6 +37,15 @@ MAX_HEAD_DIM = 256
 BLOCK_N = 64
 #: Four warps: each takes a quarter of a tile's columns in the GEMMs.
 THREADS = 128
+#: Pipeline stages of the tiles copied whole: the next two tiles' keys and values in flight while
+#: one is computed, each stage a tile of keys and one of values in shared memory. H200, bf16,
+#: D 128, KV read: 3.5-3.8 TB/s with the guarded element loads (b1 x 32k: 2.4), 4.2-4.4 with
+#: three stages (b1 x 32k: 3.2), counting the stages' buffers in the blocks per multiprocessor
+#: (two stages without counting them: 2.9-3.3, the split rule planned for blocks that did not fit).
+#: A pipelined block runs a producer warp group beside its four warps (TileLang's warp
+#: specialisation on sm_90: 256 threads); its launch bounds hold the registers to what the blocks
+#: per multiprocessor leave, as the guarded build's do (D 64: four blocks at 3.8 TB/s).
+STAGES = 3
 #: What one multiprocessor of sm_80 and sm_90 holds: threads, 32-bit registers and shared memory
 #: (the kernel reads its own GPU's from the device's properties; these are the defaults).
 MAX_THREADS_PER_SM = 2048
@@ -72,9 +82,17 @@ def block_rows(heads_q: int, heads_kv: int, new_tokens: int) -> int:
     return max(16, -(-rows // 16) * 16)
 
 
-def shared_bytes(block_m: int, head_dim: int, itemsize: int, block_n: int = BLOCK_N) -> int:
-    """Shared memory of one block: q, a key tile, a value tile and the probabilities."""
-    return itemsize * (block_m * head_dim + 2 * block_n * head_dim + block_m * block_n)
+def stages(page_size: int, masked: bool) -> int:
+    """The pipeline stages of a call's tiles: ``STAGES`` where a tile can be copied whole, else 0
+    (guarded loads). A key mask's hidden positions must not be read, and a tile of pages smaller
+    than it is gathered row by row through the block table."""
+    return 0 if masked or page_size % BLOCK_N else STAGES
+
+
+def shared_bytes(block_m: int, head_dim: int, itemsize: int, block_n: int = BLOCK_N, stages: int = 0) -> int:
+    """Shared memory of one block: q, a key tile and a value tile per pipeline stage (one without
+    a pipeline), and the probabilities."""
+    return itemsize * (block_m * head_dim + max(stages, 1) * 2 * block_n * head_dim + block_m * block_n)
 
 
 def blocks_per_sm(
@@ -85,11 +103,14 @@ def blocks_per_sm(
     registers_per_sm: int = REGISTERS_PER_SM,
     threads_per_sm: int = MAX_THREADS_PER_SM,
     threads: int = THREADS,
+    *,
+    stages: int = 0,
 ) -> int:
     """Blocks one multiprocessor holds at once: as many as its shared memory (1 KiB reserved per
-    block), thread slots and registers allow; the registers a thread needs are its float32
-    accumulators (o and the scores of a tile) plus ``BASE_REGISTERS``, in steps of 8."""
-    by_shared = shared_per_sm // (shared_bytes(block_m, head_dim, itemsize) + 1024)
+    block; ``stages`` as ``shared_bytes`` counts them), thread slots and registers allow; the
+    registers a thread needs are its float32 accumulators (o and the scores of a tile) plus
+    ``BASE_REGISTERS``, in steps of 8."""
+    by_shared = shared_per_sm // (shared_bytes(block_m, head_dim, itemsize, stages=stages) + 1024)
     accumulators = (block_m * head_dim + 2 * block_m * BLOCK_N) // threads
     registers = -(-(accumulators + BASE_REGISTERS) // 8) * 8
     by_registers = registers_per_sm // (threads * registers)

@@ -11,11 +11,15 @@ O += P V with P rounded to the inputs' dtype. The sequence's length is read on t
 runs no tile and writes an empty result; nothing about the lengths is known when the program
 is launched, which is what lets a captured graph replay with other lengths.
 
-Cache rows are loaded through a guarded copy that writes zeros for positions at or past the
-length: the memory past a sequence's length is whatever the caller's cache holds there (torch.empty
-garbage, NaN included), and a NaN value times a zero weight would still be NaN. A paged cache is
-read row by row through the block table (row p of sequence b: page ``block_table[b, p // page]``,
-row ``p % page``), which serves every page size, smaller than a tile or larger. The cache layout
+The memory past a sequence's length is whatever the caller's cache holds there (torch.empty
+garbage, NaN included), and a NaN value times a zero weight would still be NaN. Tiles are loaded
+one of two ways. Pipelined (``stages`` > 0): a tile of keys and one of values are copied whole
+(TMA on sm_90) in a software pipeline, the next tiles' copies in flight while one is computed;
+scores past the length are masked, and the sequence's last tile has its values past the length
+zeroed in shared memory. Guarded: element by element, zeros written for positions not held, and
+a paged cache read row by row through the block table (row p of sequence b: page
+``block_table[b, p // page]``, row ``p % page``), which serves every page size, smaller than a
+tile or larger. A key mask, or pages smaller than a tile, take the guarded loads. The cache layout
 (``bshd``: a position's kv heads side by side; ``bhsd``: a kv head's positions side by side, as
 transformers' caches) only changes the index of a cache element: a block reads one kv head's
 rows of D contiguous elements either way. With a key mask (``masked``), a position is held (loaded,
@@ -64,12 +68,20 @@ def make_attend_program(
     block_n: int,
     threads: int,
     blocks_per_sm: int,
+    stages: int,
 ):
     """The TileLang PrimFunc ``main(q, k_cache, v_cache, cache_seqlens[, block_table][, key_mask],
     outputs)`` of the module docstring: outputs ``o_part, lse_part`` with ``split``, else ``o,
     lse``. ``page_size`` 0 is a contiguous cache (no block table); ``masked`` takes a key mask;
     ``blocks_per_sm`` is how many blocks the compiler must fit on one multiprocessor (it bounds
-    the registers of a thread)."""
+    the registers of a thread); ``stages`` > 0 copies whole tiles in a pipeline of that many
+    stages (``decode_policy.stages`` says which calls may), 0 loads them guarded."""
+    if stages and (masked or page_size % block_n):
+        raise ValueError(
+            f"stages={stages}: tiles are copied whole only from caches without a key mask whose pages hold "
+            f"whole tiles (page size {page_size}, tile {block_n}, masked={masked})"
+        )
+
     import tilelang.language as T
 
     dt, f32 = _TL_DTYPES[dtype], "float32"
@@ -124,6 +136,52 @@ def make_attend_program(
                 shared[j, d] = T.if_then_else(held(key_mask, b, p, length), element(cache, b, hk, p, d), T.cast(0, dt))
 
     @T.macro
+    def attend(q_shared, k_shared, v_shared, p_shared, scores, acc, row_max, row_max_prev, row_shift, row_rescale,
+               row_sum, total, key_mask, b, start, length):
+        T.clear(scores)
+        T.gemm(q_shared, k_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+        for r, j in T.Parallel(block_m, block_n):
+            p = start + j
+            if causal:
+                # New token s sees up to position length - S + s (bottom-right aligned).
+                scores[r, j] = T.if_then_else(
+                    held(key_mask, b, p, length) & (p <= length - new_tokens + r // group),
+                    scores[r, j] * scale_log2, -T.infinity(f32),
+                )
+            else:
+                scores[r, j] = T.if_then_else(
+                    held(key_mask, b, p, length), scores[r, j] * scale_log2, -T.infinity(f32)
+                )
+        T.copy(row_max, row_max_prev)
+        T.reduce_max(scores, row_max, dim=1, clear=False)
+        for r in T.Parallel(block_m):
+            # A row that has seen nothing yet keeps max -inf: shift by 0 instead, so that
+            # exp2(-inf - shift) is 0, not NaN.
+            row_shift[r] = T.if_then_else(row_max[r] == -T.infinity(f32), 0, row_max[r])
+            row_rescale[r] = T.exp2(row_max_prev[r] - row_shift[r])
+        for r, j in T.Parallel(block_m, block_n):
+            scores[r, j] = T.exp2(scores[r, j] - row_shift[r])
+        T.reduce_sum(scores, row_sum, dim=1)
+        for r in T.Parallel(block_m):
+            total[r] = total[r] * row_rescale[r] + row_sum[r]
+        for r, d in T.Parallel(block_m, dim):
+            acc[r, d] *= row_rescale[r]
+        T.copy(scores, p_shared)
+        T.gemm(p_shared, v_shared, acc, policy=T.GemmWarpPolicy.FullCol)
+
+    def tile_of(cache, block_table, b, hk, start):
+        # The region of a tile of one kv head's positions from ``start``: in the sequence's row
+        # of a contiguous cache, or in the page holding it (a page holds whole tiles).
+        if paged:
+            page = T.max(T.min(block_table[b, T.min(start // page_size, pages - 1)], cache_rows - 1), 0)
+            row, offset = page, start % page_size
+        else:
+            row, offset = b, start
+        if heads_first:
+            return cache[row, hk, offset : offset + block_n, :]
+        return cache[row, offset : offset + block_n, hk, :]
+
+    @T.macro
     def body(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, o_out, lse_out):
         with T.Kernel(splits, heads_kv, batch, threads=threads) as (sp, hk, b):
             # The registers a thread may use are held to what ``blocks_per_sm`` blocks leave it.
@@ -158,40 +216,25 @@ def make_attend_program(
             T.fill(total, 0)
             T.fill(row_max, -T.infinity(f32))
 
-            for t in T.serial(count):
-                start = (first + t) * block_n
-                load_tile(k_cache, k_shared, block_table, key_mask, b, hk, start, length)
-                load_tile(v_cache, v_shared, block_table, key_mask, b, hk, start, length)
-                T.clear(scores)
-                T.gemm(q_shared, k_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                for r, j in T.Parallel(block_m, block_n):
-                    p = start + j
-                    if causal:
-                        # New token s sees up to position length - S + s (bottom-right aligned).
-                        scores[r, j] = T.if_then_else(
-                            held(key_mask, b, p, length) & (p <= length - new_tokens + r // group),
-                            scores[r, j] * scale_log2, -T.infinity(f32),
-                        )
-                    else:
-                        scores[r, j] = T.if_then_else(
-                            held(key_mask, b, p, length), scores[r, j] * scale_log2, -T.infinity(f32)
-                        )
-                T.copy(row_max, row_max_prev)
-                T.reduce_max(scores, row_max, dim=1, clear=False)
-                for r in T.Parallel(block_m):
-                    # A row that has seen nothing yet keeps max -inf: shift by 0 instead, so that
-                    # exp2(-inf - shift) is 0, not NaN.
-                    row_shift[r] = T.if_then_else(row_max[r] == -T.infinity(f32), 0, row_max[r])
-                    row_rescale[r] = T.exp2(row_max_prev[r] - row_shift[r])
-                for r, j in T.Parallel(block_m, block_n):
-                    scores[r, j] = T.exp2(scores[r, j] - row_shift[r])
-                T.reduce_sum(scores, row_sum, dim=1)
-                for r in T.Parallel(block_m):
-                    total[r] = total[r] * row_rescale[r] + row_sum[r]
-                for r, d in T.Parallel(block_m, dim):
-                    acc[r, d] *= row_rescale[r]
-                T.copy(scores, p_shared)
-                T.gemm(p_shared, v_shared, acc, policy=T.GemmWarpPolicy.FullCol)
+            if stages:
+                for t in T.Pipelined(count, num_stages=stages):
+                    start = (first + t) * block_n
+                    T.copy(tile_of(k_cache, block_table, b, hk, start), k_shared)
+                    T.copy(tile_of(v_cache, block_table, b, hk, start), v_shared)
+                    if start + block_n > length:
+                        # The sequence's last tile: rows past the length hold whatever the cache
+                        # holds (NaN too), which a zero weight would not cancel.
+                        for j, d in T.Parallel(block_n, dim):
+                            v_shared[j, d] = T.if_then_else(start + j < length, v_shared[j, d], T.cast(0, dt))
+                    attend(q_shared, k_shared, v_shared, p_shared, scores, acc, row_max, row_max_prev, row_shift,
+                           row_rescale, row_sum, total, key_mask, b, start, length)
+            else:
+                for t in T.serial(count):
+                    start = (first + t) * block_n
+                    load_tile(k_cache, k_shared, block_table, key_mask, b, hk, start, length)
+                    load_tile(v_cache, v_shared, block_table, key_mask, b, hk, start, length)
+                    attend(q_shared, k_shared, v_shared, p_shared, scores, acc, row_max, row_max_prev, row_shift,
+                           row_rescale, row_sum, total, key_mask, b, start, length)
 
             # A row with total 0 saw nothing: o = 0, lse = -inf.
             for r, d in T.Parallel(block_m, dim):
