@@ -42,10 +42,11 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
 
 
 def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their_buffers_are_counted():
-    assert policy.stages(0, False) == policy.STAGES == 3
-    assert policy.stages(256, False) == policy.stages(64, False) == 3
-    assert policy.stages(16, False) == 0  # pages smaller than a tile are gathered row by row
-    assert policy.stages(0, True) == policy.stages(256, True) == 0  # hidden positions are not read
+    assert policy.stages(0, False, hopper=True) == policy.STAGES == 3
+    assert policy.stages(256, False, hopper=True) == policy.stages(64, False, hopper=True) == 3
+    assert policy.stages(16, False, hopper=True) == 0  # pages smaller than a tile are gathered row by row
+    assert policy.stages(0, True, hopper=True) == policy.stages(256, True, hopper=True) == 0  # hidden positions are not read
+    assert policy.stages(0, False, hopper=False) == 0  # TMA's pipeline is Hopper's
     # D = 128, 16 rows: three stages of a key and a value tile, 102 KiB: 2 blocks in 228 KiB.
     assert policy.shared_bytes(16, 128, 2, stages=3) == 2 * (16 * 128 + 3 * 2 * 64 * 128 + 16 * 64) == 104448
     assert policy.shared_bytes(16, 128, 2, stages=1) == policy.shared_bytes(16, 128, 2)

@@ -48,8 +48,9 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         self._device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
         sm_count, *per_multiprocessor = multiprocessors(self._device_index)
         itemsize = call.dtype.itemsize
+        target = compile_target(call.device)
         block_m = policy.block_rows(call.heads_q, call.heads_kv, call.new_tokens)
-        stages = policy.stages(call.page_size, call.masked)
+        stages = policy.stages(call.page_size, call.masked, hopper=target["arch"] == "sm_90")
         per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, *per_multiprocessor, stages=stages)
         self._resident = sm_count * per_sm
         self._position_bytes = 2 * call.head_dim * itemsize  # a key and a value
@@ -57,7 +58,6 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         self.config = {"block_n": policy.BLOCK_N, "threads": policy.THREADS, "blocks_per_sm": per_sm, "stages": stages}
         self._splits: dict[tuple[int, int], int] = {}
         self._positions_at = 1 if call.cache_layout == "bshd" else 2  # of the caches' dimensions
-        target = compile_target(call.device)
         attend = (
             call.dtype, call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, call.page_size, call.scale,
             call.causal, call.cache_layout, call.masked,

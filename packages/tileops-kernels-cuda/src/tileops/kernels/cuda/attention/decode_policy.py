@@ -82,11 +82,14 @@ def block_rows(heads_q: int, heads_kv: int, new_tokens: int) -> int:
     return max(16, -(-rows // 16) * 16)
 
 
-def stages(page_size: int, masked: bool) -> int:
+def stages(page_size: int, masked: bool, hopper: bool) -> int:
     """The pipeline stages of a call's tiles: ``STAGES`` where a tile can be copied whole, else 0
     (guarded loads). A key mask's hidden positions must not be read, and a tile of pages smaller
-    than it is gathered row by row through the block table."""
-    return 0 if masked or page_size % BLOCK_N else STAGES
+    than it is gathered row by row through the block table. Hopper (sm_90) only: there the copies
+    are TMA's, in a warp-specialised pipeline; TileLang 0.1.15 cannot plan the same loop with
+    the asynchronous copies of earlier GPUs (the last tile's values are zeroed in the buffer the
+    copy wrote, a second write it refuses)."""
+    return STAGES if hopper and not masked and not page_size % BLOCK_N else 0
 
 
 def shared_bytes(block_m: int, head_dim: int, itemsize: int, block_n: int = BLOCK_N, stages: int = 0) -> int:
