@@ -138,6 +138,7 @@ def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
 
 def test_a_batch_that_fills_the_gpu_runs_unsplit_and_a_paged_call_passes_its_block_table(launches):
     kernel = kernels.TileLangDecodeAttention(_call(page_size=16))
+    assert kernel.config["stages"] == 0  # pages of 16 are gathered row by row
     q, pool = torch.randn(128, 1, 32, 128).bfloat16(), torch.randn(128 * 256, 16, 8, 128).bfloat16()
     seqlens, table = torch.full((128,), 4096, dtype=torch.int32), torch.zeros(128, 256, dtype=torch.int32)
     o, lse = kernel.forward(q, pool, pool, seqlens, table, None)
@@ -153,12 +154,20 @@ def test_heads_first_caches_are_split_by_their_positions_the_third_dimension(lau
     # so the call splits as the same cache in the bshd layout does (82 splits at 32k). Masked,
     # as transformers' static cache's decode steps are.
     kernel = kernels.TileLangDecodeAttention(_call(cache_layout="bhsd", masked=True))
+    # A key mask keeps the guarded loads: no stage buffers, five blocks per multiprocessor.
+    assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 5, "stages": 0}
     q, k = torch.randn(1, 1, 32, 128).bfloat16(), torch.randn(1, 8, 32768, 128).bfloat16()
     mask = torch.ones(1, 32768, dtype=torch.bool)
     kernel.forward(q, k, k, torch.tensor([20000], dtype=torch.int32), None, mask)
     (attend, attended), _ = launches
     # The key mask follows the lengths, before the outputs.
     assert attend == "attend-split" and attended[4] is mask and attended[5].shape == (82, 1, 1, 32, 128)
+
+
+def test_gpus_before_hopper_keep_the_guarded_loads(launches, monkeypatch):
+    monkeypatch.setattr(kernels, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_80"})
+    kernel = kernels.TileLangDecodeAttention(_call())
+    assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 5, "stages": 0}
 
 
 def test_refusals_leave_float32_and_odd_head_sizes_to_the_plain_torch_implementation():
