@@ -3,7 +3,8 @@ explicit SDPA per sequence: every manifest workload; contiguous and paged caches
 256) with NaN past every length, in the spare pages and where a key mask hides a position,
 positions first and heads first (transformers' layout); lengths of 0, 1, a tile's multiple and not; several causal new tokens,
 some seeing nothing; head sizes 64, 128 and 256; GQA 32/8 and 64/8, MQA and MHA; the split and
-the unsplit launch; clamped lengths; a q sliced from a fused qkv projection; the plain-torch
+the unsplit launch; whole tiles in a pipeline (Hopper, no key mask, pages of a multiple of 64)
+and guarded loads; clamped lengths; a q sliced from a fused qkv projection; the plain-torch
 fallback; torch.compile(fullgraph=True); and decode loops captured in a CUDA graph and replayed
 with growing lengths (contiguous and paged caches).
 
@@ -21,6 +22,7 @@ from test_decode_attention_ops import (
     assert_matches, heads_first, hide_with_nan, make_call, padding_mask, per_sequence_reference,
 )
 from tileops.ops import FAMILIES, DecodeAttentionFwdOp
+from tileops.kernels.cuda.attention import decode_policy
 from tileops.ops.attention.decode_cpu import decode_attention
 from helpers import workload_params
 from tileops.testing import check_workload, workload_cases
@@ -40,6 +42,11 @@ def _served_by(op) -> set[str]:
 def _kernel(op):
     ((_, kernel),) = op.built_kernels()
     return kernel
+
+
+def _pipelined(page_size, masked=False) -> bool:
+    """Whether a call's tiles are copied whole in a pipeline on this GPU (decode_policy.stages)."""
+    return decode_policy.stages(page_size or 0, masked, hopper=torch.cuda.get_device_capability() == (9, 0)) > 0
 
 
 @pytest.mark.parametrize("case", workload_params(CASES, large=LARGE))
@@ -69,6 +76,7 @@ def test_matches_sdpa_per_sequence_with_nan_past_every_length(page_size, heads_q
     op = DecodeAttentionFwdOp()
     o, lse = op(*call)
     assert _served_by(op) == {"tilelang"}
+    assert (_kernel(op).config["stages"] > 0) == _pipelined(page_size)  # pages of 16: guarded loads
     assert o.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (len(LENGTHS), heads_q, new_tokens)
     assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, call[4]), TOLERANCE[dtype])
     # 7 sequences x 8 or fewer kv heads leave most of the GPU idle: the call is split.
@@ -82,6 +90,7 @@ def test_heads_first_caches_match_sdpa_per_sequence_with_nan_past_every_length(p
     op = DecodeAttentionFwdOp(cache_layout="bhsd")
     o, lse = op(*heads_first(call))
     assert _served_by(op) == {"tilelang"}
+    assert (_kernel(op).config["stages"] > 0) == _pipelined(page_size)
     assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, call[4]), TOLERANCE[dtype])
 
 
@@ -94,6 +103,7 @@ def test_a_key_mask_hides_positions_and_the_nan_the_cache_holds_there(layout, pa
     op = DecodeAttentionFwdOp(cache_layout=layout)
     o, lse = op(*(call if layout == "bshd" else heads_first(call)), key_mask=mask)
     assert _served_by(op) == {"tilelang"}
+    assert _kernel(op).config["stages"] == 0  # a key mask keeps the guarded loads
     assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, call[4], key_mask=mask), TOLERANCE[torch.bfloat16])
 
 
