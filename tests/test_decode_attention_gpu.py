@@ -44,9 +44,10 @@ def _kernel(op):
     return kernel
 
 
-def _pipelined(page_size, masked=False) -> bool:
-    """Whether a call's tiles are copied whole in a pipeline on this GPU (decode_policy.stages)."""
-    return decode_policy.stages(page_size or 0, masked, hopper=torch.cuda.get_device_capability() == (9, 0)) > 0
+def _pipelined(page_size) -> bool:
+    """Whether an unmasked call's tiles are copied whole in a pipeline on this GPU: on Hopper, from
+    a contiguous cache or pages of whole tiles (decode_policy.stages)."""
+    return torch.cuda.get_device_capability() == (9, 0) and not (page_size or 0) % decode_policy.BLOCK_N
 
 
 @pytest.mark.parametrize("case", workload_params(CASES, large=LARGE))

@@ -42,15 +42,23 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
 
 
 def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their_buffers_are_counted():
-    assert policy.stages(0, False, hopper=True) == policy.STAGES == 3
-    assert policy.stages(256, False, hopper=True) == policy.stages(64, False, hopper=True) == 3
-    assert policy.stages(16, False, hopper=True) == 0  # pages smaller than a tile are gathered row by row
-    assert policy.stages(0, True, hopper=True) == policy.stages(256, True, hopper=True) == 0  # hidden positions are not read
-    assert policy.stages(0, False, hopper=False) == 0  # TMA's pipeline is Hopper's
+    def stages(page_size=0, masked=False, hopper=True, block_m=16, head_dim=128):
+        return policy.stages(page_size, masked, hopper, block_m, head_dim, 2, H200[1])
+
+    assert stages() == policy.STAGES == 3
+    assert stages(page_size=256) == stages(page_size=64) == 3
+    assert stages(page_size=16) == 0  # pages smaller than a tile are gathered row by row
+    assert stages(masked=True) == stages(page_size=256, masked=True) == 0  # hidden positions are not read
+    assert stages(hopper=False) == 0  # TMA's pipeline is Hopper's
+    # 64 rows of D 256: three stages would take 232 KiB, over the 227 a block may have.
+    assert policy.shared_bytes(64, 256, 2, stages=3) + 1024 > H200[1] and stages(block_m=64, head_dim=256) == 2
     # D = 128, 16 rows: three stages of a key and a value tile, 102 KiB: 2 blocks in 228 KiB.
     assert policy.shared_bytes(16, 128, 2, stages=3) == 2 * (16 * 128 + 3 * 2 * 64 * 128 + 16 * 64) == 104448
     assert policy.shared_bytes(16, 128, 2, stages=1) == policy.shared_bytes(16, 128, 2)
     assert policy.blocks_per_sm(16, 128, 2, H200[1], stages=3) == 2
+    # D = 64: shared memory would take 4 blocks, but a pipelined block's producer warp group
+    # doubles its threads, each with the 72 registers the estimate gives: 3 (7 guarded).
+    assert policy.blocks_per_sm(16, 64, 2, *H200[1:], stages=3) == 3 and policy.blocks_per_sm(16, 64, 2, *H200[1:]) == 7
     from tileops.kernels.cuda.attention import decode_programs as programs
 
     with pytest.raises(ValueError, match="key mask"):

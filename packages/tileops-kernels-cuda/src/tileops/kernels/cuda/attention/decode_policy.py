@@ -42,9 +42,7 @@ THREADS = 128
 #: D 128, KV read: 3.5-3.8 TB/s with the guarded element loads (b1 x 32k: 2.4), 4.2-4.4 with
 #: three stages (b1 x 32k: 3.2), counting the stages' buffers in the blocks per multiprocessor
 #: (two stages without counting them: 2.9-3.3, the split rule planned for blocks that did not fit).
-#: A pipelined block runs a producer warp group beside its four warps (TileLang's warp
-#: specialisation on sm_90: 256 threads); its launch bounds hold the registers to what the blocks
-#: per multiprocessor leave, as the guarded build's do (D 64: four blocks at 3.8 TB/s).
+#: Fewer where the stages' buffers would not fit a block's shared memory (64 rows of D 256: two).
 STAGES = 3
 #: What one multiprocessor of sm_80 and sm_90 holds: threads, 32-bit registers and shared memory
 #: (the kernel reads its own GPU's from the device's properties; these are the defaults).
@@ -82,14 +80,24 @@ def block_rows(heads_q: int, heads_kv: int, new_tokens: int) -> int:
     return max(16, -(-rows // 16) * 16)
 
 
-def stages(page_size: int, masked: bool, hopper: bool) -> int:
-    """The pipeline stages of a call's tiles: ``STAGES`` where a tile can be copied whole, else 0
-    (guarded loads). A key mask's hidden positions must not be read, and a tile of pages smaller
-    than it is gathered row by row through the block table. Hopper (sm_90) only: there the copies
-    are TMA's, in a warp-specialised pipeline; TileLang 0.1.15 cannot plan the same loop with
-    the asynchronous copies of earlier GPUs (the last tile's values are zeroed in the buffer the
-    copy wrote, a second write it refuses)."""
-    return STAGES if hopper and not masked and not page_size % BLOCK_N else 0
+def stages(
+    page_size: int, masked: bool, hopper: bool, block_m: int, head_dim: int, itemsize: int,
+    shared_per_sm: int = SHARED_PER_SM,
+) -> int:
+    """The pipeline stages of a call's tiles where a tile can be copied whole: the most, up to
+    ``STAGES`` and at least two, whose buffers fit one block's shared memory (what the
+    multiprocessor holds less the 1 KiB reserved per block); else 0 (guarded loads). A key mask's
+    hidden positions must not be read, and a tile of pages smaller than it is gathered row by row
+    through the block table. Hopper (sm_90) only: there the copies are TMA's, in a
+    warp-specialised pipeline; TileLang 0.1.15 cannot plan the same loop with the asynchronous
+    copies of earlier GPUs (the last tile's values are zeroed in the buffer the copy wrote, a
+    second write it refuses)."""
+    if not hopper or masked or page_size % BLOCK_N:
+        return 0
+    for count in range(STAGES, 1, -1):
+        if shared_bytes(block_m, head_dim, itemsize, stages=count) + 1024 <= shared_per_sm:
+            return count
+    return 0
 
 
 def shared_bytes(block_m: int, head_dim: int, itemsize: int, block_n: int = BLOCK_N, stages: int = 0) -> int:
@@ -111,13 +119,20 @@ def blocks_per_sm(
 ) -> int:
     """Blocks one multiprocessor holds at once: as many as its shared memory (1 KiB reserved per
     block; ``stages`` as ``shared_bytes`` counts them), thread slots and registers allow; the
-    registers a thread needs are its float32 accumulators (o and the scores of a tile) plus
-    ``BASE_REGISTERS``, in steps of 8."""
+    registers a thread needs are its float32 accumulators (o and the scores of a tile, over the
+    ``threads`` that compute) plus ``BASE_REGISTERS``, in steps of 8.
+
+    A pipelined block (``stages`` > 0) runs a producer warp group of as many threads beside them
+    (TileLang's warp specialisation on sm_90), each given the same registers: it counts twice
+    the threads. Counted once, the launch bounds held D 64's threads to 36-42 registers at six
+    and seven blocks, and the kernel ran at 2.4-2.6 TB/s (H200); at four blocks, 64 registers, at
+    3.8."""
+    block_threads = 2 * threads if stages else threads
     by_shared = shared_per_sm // (shared_bytes(block_m, head_dim, itemsize, stages=stages) + 1024)
     accumulators = (block_m * head_dim + 2 * block_m * BLOCK_N) // threads
     registers = -(-(accumulators + BASE_REGISTERS) // 8) * 8
-    by_registers = registers_per_sm // (threads * registers)
-    return max(1, min(by_shared, threads_per_sm // threads, by_registers))
+    by_registers = registers_per_sm // (block_threads * registers)
+    return max(1, min(by_shared, threads_per_sm // block_threads, by_registers))
 
 
 def split_bytes(heads_q: int, heads_kv: int, head_dim: int, new_tokens: int, itemsize: int) -> tuple[int, int]:
