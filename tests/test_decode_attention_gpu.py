@@ -3,8 +3,8 @@ explicit SDPA per sequence: every manifest workload; contiguous and paged caches
 256) with NaN past every length, in the spare pages and where a key mask hides a position,
 positions first and heads first (transformers' layout); lengths of 0, 1, a tile's multiple and not; several causal new tokens,
 some seeing nothing; head sizes 64, 128 and 256; GQA 32/8 and 64/8, MQA and MHA; the split and
-the unsplit launch; whole tiles in a pipeline (Hopper, no key mask, pages of a multiple of 64)
-and guarded loads; clamped lengths; a q sliced from a fused qkv projection; the plain-torch
+the unsplit launch; whole tiles in a pipeline (Hopper, no key mask, pages of a multiple of 64,
+16-byte aligned caches) and guarded loads; clamped lengths; a q sliced from a fused qkv projection; the plain-torch
 fallback; torch.compile(fullgraph=True); and decode loops captured in a CUDA graph and replayed
 with growing lengths (contiguous and paged caches).
 
@@ -157,6 +157,18 @@ def test_lengths_past_the_capacity_are_clamped_and_negative_ones_are_empty():
     assert all(torch.equal(a, b) for a, b in zip(full, clamped))
     o, lse = op(q, k_cache, v_cache, torch.tensor([-5, 0], dtype=torch.int32, device="cuda"))
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+
+
+def test_caches_off_the_16_byte_grid_take_the_guarded_loads_and_give_the_same_result():
+    call = make_call(LENGTHS, 1, 32, 8, 128, dtype=torch.bfloat16, device="cuda")
+    shifted = []
+    for cache in call[1:3]:  # the same values, contiguous, 2 bytes past an aligned address
+        storage = torch.empty(cache.numel() + 1, dtype=cache.dtype, device="cuda")
+        shifted.append(storage[1:].view(cache.shape).copy_(cache))
+    op = DecodeAttentionFwdOp()
+    o, lse = op(call[0], *shifted, call[3])
+    assert _kernel(op).config["stages"] == 0
+    assert_matches(o, lse, per_sequence_reference(*call[:3], LENGTHS, None), TOLERANCE[torch.bfloat16])
 
 
 def test_a_q_sliced_from_a_fused_qkv_projection_gives_the_same_result():

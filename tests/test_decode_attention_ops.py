@@ -262,8 +262,12 @@ def test_keyword_calls_and_the_call_spec():
     spec = op.call_specs(torch.device("cuda", 0), inputs)[DecodeAttentionFwdInterface]
     assert (spec.heads_q, spec.heads_kv, spec.head_dim, spec.new_tokens, spec.page_size) == (4, 2, 16, 1, 16)
     assert spec.scale == 0.25 and spec.causal is True
+    assert spec.aligned is True and spec.masked is False
     del inputs["block_table"]
     assert DecodeAttentionFwdOp(scale=0.5).call_specs(torch.device("cuda", 0), inputs)[DecodeAttentionFwdInterface].page_size == 0
+    # A cache whose address is off the 16-byte grid (a bulk copy's source cannot be) says so.
+    inputs["v_cache"] = TensorDescription(torch.device("cuda", 0), torch.bfloat16, tuple(call[2].shape), 2)
+    assert op.call_specs(torch.device("cuda", 0), inputs)[DecodeAttentionFwdInterface].aligned is False
 
 
 def test_compiles_in_one_graph():

@@ -42,14 +42,15 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
 
 
 def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their_buffers_are_counted():
-    def stages(page_size=0, masked=False, hopper=True, block_m=16, head_dim=128):
-        return policy.stages(page_size, masked, hopper, block_m, head_dim, 2, H200[1])
+    def stages(page_size=0, masked=False, aligned=True, hopper=True, block_m=16, head_dim=128):
+        return policy.stages(page_size, masked, aligned, hopper, block_m, head_dim, 2, H200[1])
 
     assert stages() == policy.STAGES == 3
     assert stages(page_size=256) == stages(page_size=64) == 3
     assert stages(page_size=16) == 0  # pages smaller than a tile are gathered row by row
     assert stages(masked=True) == stages(page_size=256, masked=True) == 0  # hidden positions are not read
     assert stages(hopper=False) == 0  # TMA's pipeline is Hopper's
+    assert stages(aligned=False) == 0  # a bulk copy's source address is a multiple of 16 bytes
     # 64 rows of D 256: three stages would take 232 KiB, over the 227 a block may have.
     assert policy.shared_bytes(64, 256, 2, stages=3) + 1024 > H200[1] and stages(block_m=64, head_dim=256) == 2
     # D = 128, 16 rows: three stages of a key and a value tile, 102 KiB: 2 blocks in 228 KiB.
@@ -123,8 +124,10 @@ def launches(monkeypatch):
     return launched
 
 
-def _call(page_size=0, new_tokens=1, cache_layout="bshd", masked=False):
-    return DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 128, new_tokens, page_size, 128**-0.5, True, cache_layout, masked)
+def _call(page_size=0, new_tokens=1, cache_layout="bshd", masked=False, aligned=True):
+    return DecodeAttentionCall(
+        CUDA, torch.bfloat16, 32, 8, 128, new_tokens, page_size, 128**-0.5, True, cache_layout, masked, aligned
+    )
 
 
 def test_a_long_cache_of_few_sequences_is_split_and_merged(launches):
@@ -172,7 +175,8 @@ def test_heads_first_caches_are_split_by_their_positions_the_third_dimension(lau
     assert attend == "attend-split" and attended[4] is mask and attended[5].shape == (82, 1, 1, 32, 128)
 
 
-def test_gpus_before_hopper_keep_the_guarded_loads(launches, monkeypatch):
+def test_gpus_before_hopper_and_unaligned_caches_keep_the_guarded_loads(launches, monkeypatch):
+    assert kernels.TileLangDecodeAttention(_call(aligned=False)).config["stages"] == 0
     monkeypatch.setattr(kernels, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_80"})
     kernel = kernels.TileLangDecodeAttention(_call())
     assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 5, "stages": 0}
@@ -180,8 +184,8 @@ def test_gpus_before_hopper_keep_the_guarded_loads(launches, monkeypatch):
 
 def test_refusals_leave_float32_and_odd_head_sizes_to_the_plain_torch_implementation():
     assert kernels.TileLangDecodeAttention.refusal(_call()) is None
-    odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True, "bshd", False)
-    wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True, "bhsd", True)
+    odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True, "bshd", False, True)
+    wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True, "bhsd", True, True)
     assert "not 80" in kernels.TileLangDecodeAttention.refusal(odd)
     assert "float32" in kernels.TileLangDecodeAttention.refusal(wide)
 

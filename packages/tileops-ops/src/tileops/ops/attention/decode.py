@@ -19,6 +19,8 @@ from tileops.core import Op
 from .decode_cpu import IMPLEMENTATIONS
 from .decode_interfaces import DecodeAttentionFwdInterface
 
+_ALIGNMENT = 16  # bytes: a bulk (TMA) copy's source address must be a multiple of it
+
 
 class DecodeAttentionFwdOp(Op):
     """Decode attention over a KV cache:
@@ -38,28 +40,30 @@ class DecodeAttentionFwdOp(Op):
         # Where the caches hold the positions and the kv heads: (N, L, Hkv, D) or (N, Hkv, L, D).
         self._positions_at, self._heads_at = (1, 2) if cache_layout == "bshd" else (2, 1)
 
-    def call_spec(self, interface, device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, masked):
+    def call_spec(self, interface, device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, masked, aligned):
         """The call spec of ``kernel_for(interface, device, dtype, heads_q, heads_kv, head_dim,
-        new_tokens, page_size, masked)``: forward passes what varies between calls; the scale,
-        the causal flag and the cache layout are the instance's."""
+        new_tokens, page_size, masked, aligned)``: forward passes what varies between calls; the
+        scale, the causal flag and the cache layout are the instance's."""
         p = self.params
         scale = 1.0 / math.sqrt(head_dim) if p["scale"] is None else p["scale"]
         return interface.call_spec(
             device, dtype, heads_q, heads_kv, head_dim, new_tokens, page_size, scale, p["causal"], p["cache_layout"],
-            masked,
+            masked, aligned,
         )
 
-    def _fields(self, q, k_cache, paged: bool, masked: bool) -> tuple:
-        """What ``kernel_for`` takes after the interface and the device, from the call's shapes."""
+    def _fields(self, q, k_cache, v_cache, paged: bool, masked: bool) -> tuple:
+        """What ``kernel_for`` takes after the interface and the device, from the call's shapes
+        and the caches' addresses (tensors, or descriptions of them)."""
         page_size = k_cache.shape[self._positions_at] if paged else 0
-        return q.dtype, q.shape[2], k_cache.shape[self._heads_at], q.shape[3], q.shape[1], page_size, masked
+        aligned = not (k_cache.data_ptr() | v_cache.data_ptr()) % _ALIGNMENT
+        return q.dtype, q.shape[2], k_cache.shape[self._heads_at], q.shape[3], q.shape[1], page_size, masked, aligned
 
     def call_specs(self, device, inputs):
         """The call spec a call with ``inputs`` (descriptions) gets, built as ``forward`` builds it."""
-        fields = self._fields(inputs["q"], inputs["k_cache"], "block_table" in inputs, "key_mask" in inputs)
+        fields = self._fields(inputs["q"], inputs["k_cache"], inputs["v_cache"], "block_table" in inputs, "key_mask" in inputs)
         return {DecodeAttentionFwdInterface: self.call_spec(DecodeAttentionFwdInterface, device, *fields)}
 
     def forward(self, q, k_cache, v_cache, cache_seqlens, block_table, key_mask):
-        fields = self._fields(q, k_cache, block_table is not None, key_mask is not None)
+        fields = self._fields(q, k_cache, v_cache, block_table is not None, key_mask is not None)
         kernel = self.kernel_for(DecodeAttentionFwdInterface, q.device, *fields)
         return kernel.forward(q, k_cache, v_cache, cache_seqlens, block_table, key_mask)

@@ -81,18 +81,18 @@ def block_rows(heads_q: int, heads_kv: int, new_tokens: int) -> int:
 
 
 def stages(
-    page_size: int, masked: bool, hopper: bool, block_m: int, head_dim: int, itemsize: int,
+    page_size: int, masked: bool, aligned: bool, hopper: bool, block_m: int, head_dim: int, itemsize: int,
     shared_per_sm: int = SHARED_PER_SM,
 ) -> int:
     """The pipeline stages of a call's tiles where a tile can be copied whole: the most, up to
     ``STAGES`` and at least two, whose buffers fit one block's shared memory (what the
     multiprocessor holds less the 1 KiB reserved per block); else 0 (guarded loads). A key mask's
-    hidden positions must not be read, and a tile of pages smaller than it is gathered row by row
-    through the block table. Hopper (sm_90) only: there the copies are TMA's, in a
-    warp-specialised pipeline; TileLang 0.1.15 cannot plan the same loop with the asynchronous
-    copies of earlier GPUs (the last tile's values are zeroed in the buffer the copy wrote, a
-    second write it refuses)."""
-    if not hopper or masked or page_size % BLOCK_N:
+    hidden positions must not be read, a tile of pages smaller than it is gathered row by row
+    through the block table, and a bulk copy needs caches whose addresses are 16-byte aligned.
+    Hopper (sm_90) only: there the copies are TMA's, in a warp-specialised pipeline; TileLang
+    0.1.15 cannot plan the same loop with the asynchronous copies of earlier GPUs (the last
+    tile's values are zeroed in the buffer the copy wrote, a second write it refuses)."""
+    if not hopper or masked or not aligned or page_size % BLOCK_N:
         return 0
     for count in range(STAGES, 1, -1):
         if shared_bytes(block_m, head_dim, itemsize, stages=count) + 1024 <= shared_per_sm:
