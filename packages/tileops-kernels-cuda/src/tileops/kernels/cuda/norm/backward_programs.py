@@ -246,14 +246,15 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
             T.sync_threads()  # red is written again for the next row
 
     @T.macro
-    def load_row(x, dy, r, xbuf, gbuf, lane):
-        """A thread's vectors of row r of x and dy, all of them (register mode)."""
+    def load_row(r, lane, pairs):
+        """A thread's vectors of row r of each (tensor, buffer) of ``pairs``, all of them
+        (register mode), the tensors' loads of a vector side by side. (The pairs are indexed,
+        not unpacked: TileLang's builder would name the kernel's parameters after the names.)"""
         for u in T.unroll(step):
             if u * tpr + lane < nv:
-                for v in lanes(vec):
-                    xbuf[u * vec + v] = x[r, (u * tpr + lane) * vec + v]
-                for v in lanes(vec):
-                    gbuf[u * vec + v] = dy[r, (u * tpr + lane) * vec + v]
+                for pair in pairs:
+                    for v in lanes(vec):
+                        pair[1][u * vec + v] = pair[0][r, (u * tpr + lane) * vec + v]
 
     @T.prim_func
     def main(dy: dy_t, dr: dr_t, x: x_t, w: w_t, mean: mean_t, rstd: rstd_t, dx: dx_t, partial: p_t):
@@ -300,7 +301,7 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                         for v in lanes(vec):
                             wb[u * vec + v] = w[(u * tpr + lane) * vec + v]
             if prefetch:
-                load_row(x, dy, T.min(slot, m - 1), xb, gb, lane)
+                load_row(T.min(slot, m - 1), lane, [(x, xb), (dy, gb)])
             for k in T.serial(T.ceildiv(m, s)):
                 row = slot + k * s
                 src = T.min(row, m - 1)  # past the last row: read a valid row, store nothing
@@ -308,14 +309,11 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                 rs[0] = rstd[src]
                 if prefetch:  # this row was loaded ahead; load the next
                     if row + s < m:
-                        load_row(x, dy, row + s, xn, gn, lane)
+                        load_row(row + s, lane, [(x, xn), (dy, gn)])
                     if early_dr and row < m:
-                        for u in T.unroll(step):
-                            if u * tpr + lane < nv:
-                                for v in lanes(vec):
-                                    rb[u * vec + v] = dr[row, (u * tpr + lane) * vec + v]
+                        load_row(row, lane, [(dr, rb)])
                 elif cached:
-                    load_row(x, dy, src, xb, gb, lane)
+                    load_row(src, lane, [(x, xb), (dy, gb)])
                 tot[0] = f(0)
                 tot[1] = f(0)
                 for st in T.serial(steps):
