@@ -1,7 +1,8 @@
 """Decode attention in plain torch: the CPU implementation, and the fallback on CUDA for the calls
 the TileLang kernels refuse (float32 and float64, head sizes they do not take).
 
-The math is the interface's (``decode_interfaces``), written as the manifest's reference writes
+On the CPU the scores go through torch's CPU flash kernel (``cpu.py`` says why); on CUDA the
+math is the interface's (``decode_interfaces``), written as the manifest's reference writes
 it: the pages of a paged cache gathered into each sequence's positions, the cache past each
 length zeroed, the scores of every position computed and the positions a row does not see masked out, in float32 (float64 for
 float64 inputs), rounded once. It reads no length on the host, so a CUDA call is captured in a
@@ -15,6 +16,7 @@ import torch
 
 from tileops.core import Kernel
 
+from .cpu import flash_forward
 from .decode_interfaces import DecodeAttentionCall, DecodeAttentionFwdInterface
 
 
@@ -32,22 +34,14 @@ def sequence_caches(
     return k_cache[pages].flatten(1, 2), v_cache[pages].flatten(1, 2)
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    block_table: torch.Tensor | None,
-    key_mask: torch.Tensor | None,
-    scale: float,
-    causal: bool,
-    cache_layout: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(o, lse)`` of the interface's math (see ``decode_interfaces``)."""
-    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
-    batch, new, heads_q, _ = q.shape
+def _visible_caches(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, causal, cache_layout, longest=None):
+    """(keys, values, seen): each sequence's cache as (B, capacity, Hkv, D) with the positions no
+    row sees zeroed, and which positions each new token sees, (B, S, capacity) bool. ``longest``
+    (the longest length, where the caller read it) cuts the capacity to it."""
+    batch, new = q.shape[:2]
     keys, values = sequence_caches(k_cache, v_cache, block_table, batch, cache_layout)
-    heads_kv = keys.shape[2]
+    if longest is not None:
+        keys, values = keys[:, :longest], values[:, :longest]
     lengths = cache_seqlens.long().clamp(0, keys.shape[1])[:, None, None]  # (B, 1, 1)
     positions = torch.arange(keys.shape[1], device=q.device)
     seen = positions < lengths  # (B, 1, capacity)
@@ -63,7 +57,26 @@ def decode_attention(
     if causal:
         last = lengths - new + torch.arange(new, device=q.device)[:, None]  # (B, S, 1)
         seen = seen & (positions <= last)
-    seen = seen.expand(batch, new, keys.shape[1])[:, None, None]  # (B, 1, 1, S, capacity)
+    return keys, values, seen.expand(batch, new, keys.shape[1])
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None,
+    key_mask: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+    cache_layout: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of the interface's math (see ``decode_interfaces``)."""
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    heads_q = q.shape[2]
+    keys, values, seen = _visible_caches(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, causal, cache_layout)
+    heads_kv = keys.shape[2]
+    seen = seen[:, None, None]  # (B, 1, 1, S, capacity)
     grouped = q.to(wide).unflatten(2, (heads_kv, heads_q // heads_kv))  # (B, S, Hkv, G, D)
     scores = torch.einsum("bshgd,blhd->bhgsl", grouped, keys.to(wide)) * scale
     scores = scores.masked_fill(~seen, float("-inf"))
@@ -71,6 +84,25 @@ def decode_attention(
     weights = torch.where(seen, torch.exp(scores - lse[..., None]), 0.0)
     o = torch.einsum("bhgsl,blhd->bshgd", weights, values.to(wide)).flatten(2, 3)
     return o.to(q.dtype), lse.flatten(1, 2).float()
+
+
+def flash_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, scale, causal, cache_layout):
+    """``decode_attention`` by torch's CPU flash kernel (the one ``scaled_dot_product_attention``
+    runs there, GQA as it is), what each token sees given as an additive mask; a row that sees
+    nothing comes back with lse 0 and gets -inf. On the CPU the lengths are read on the host, so
+    the positions past the longest one (most of a static cache) are not touched at all."""
+    longest = int(cache_seqlens.max()) if cache_seqlens.numel() else 0
+    keys, values, seen = _visible_caches(
+        q, k_cache, v_cache, cache_seqlens, block_table, key_mask, causal, cache_layout, max(longest, 0)
+    )
+    if keys.shape[1] == 0:  # the kernel divides by the key count
+        return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, scale, causal, cache_layout)
+    mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, -torch.inf)[:, None]  # (B, 1, S, capacity)
+    o, lse = flash_forward(
+        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), 0.0, False, attn_mask=mask, scale=scale
+    )
+    lse = torch.where(seen.any(-1)[:, None, :], lse, -torch.inf)
+    return o.transpose(1, 2).contiguous(), lse.float().contiguous()
 
 
 class TorchDecodeAttention(Kernel, DecodeAttentionFwdInterface):
@@ -88,17 +120,22 @@ class TorchDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         settings = (call.scale, call.causal, call.cache_layout)
         return settings, lambda: cls(*settings)
 
+    #: The computation: torch's CPU flash kernel here, the math reference on CUDA.
+    attend = staticmethod(flash_decode_attention)
+
     @torch.no_grad()
     def forward(self, q, k_cache, v_cache, cache_seqlens, block_table, key_mask):
-        return decode_attention(
+        return self.attend(
             q, k_cache, v_cache, cache_seqlens, block_table, key_mask, self.scale, self.causal, self.cache_layout
         )
 
 
 class TorchDecodeAttentionCuda(TorchDecodeAttention):
-    """The same math on CUDA: ``general``, so it serves only the calls the TileLang kernels refuse."""
+    """The math reference on CUDA: ``general``, so it serves only the calls the TileLang kernels
+    refuse."""
 
     devices = frozenset({"cuda"})
+    attend = staticmethod(decode_attention)
 
 
 #: Key -> class, the in-tree implementations of this package.
