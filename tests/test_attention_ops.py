@@ -16,6 +16,7 @@ from helpers import train_side_by_side
 from tileops.backend import OpArgumentError
 from tileops.ops import FAMILIES
 from tileops.ops.attention import AttentionBwdOp, AttentionFwdOp
+from tileops.ops.attention import cpu as attention_cpu
 from tileops.testing import check_workload, workload_cases
 
 #: The CPU tier runs workloads up to this many input elements; larger ones run in the GPU tier.
@@ -95,6 +96,24 @@ def test_o_and_lse_are_torchs_softmax_attention_with_flash_attn_masks(b, s_q, s_
     torch.testing.assert_close(o, want_o.float(), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse, want_lse.float(), atol=2e-5, rtol=2e-5)
     assert lse.dtype == torch.float32 and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize(("s_q", "s_k", "params"), [(50, 20, {"causal": True}), (40, 60, {"causal": True, "window": 7})])
+def test_masked_calls_taken_in_chunks_of_rows_give_torchs_values_and_gradients(monkeypatch, layout, s_q, s_k, params):
+    # A mask of one row's width per chunk: every chunk boundary of a long sequence is crossed here.
+    monkeypatch.setattr(attention_cpu, "MASK_BYTES", s_k * 8 * 3)
+    q, k, v = _qkv(2, s_q, s_k, 4, 2, 16, dtype=torch.float64, layout=layout, grad=True)
+    o, lse = AttentionFwdOp(**params, qkv_layout=layout)(q, k, v)
+    theirs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    want_o, want_lse = _sdpa(*theirs, **params, qkv_layout=layout)
+    torch.testing.assert_close(o, want_o, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(lse, want_lse.float())
+    do = torch.randn_like(o)
+    o.backward(do)
+    want_o.backward(do)
+    for mine, torchs in zip((q, k, v), theirs):  # the backward reads the float32 lse
+        torch.testing.assert_close(mine.grad, torchs.grad, atol=1e-6, rtol=1e-6)
 
 
 def test_causal_with_more_queries_than_keys_leaves_the_first_rows_empty():

@@ -224,14 +224,15 @@ class TorchAttention(MathAttention):
 
 class TorchAttentionBwd(MathAttentionBwd):
     """The CPU backward: torch's CPU flash backward per chunk of query rows, dk and dv summed over
-    the chunks in the compute dtype. A call with lse's own gradient takes the math reference (the
-    kernel has no input for it)."""
+    the chunks in the compute dtype. A call with a gradient of lse takes the math reference (the
+    kernel has no input for it); autograd passes zeros for an lse the loss does not use, which
+    is no gradient."""
 
     def forward(self, do, q, k, v, o, lse, dlse):
         g = self.grouped
         qh, kh, vh, doh, oh = (g.heads_first(t) for t in (q, k, v, do, o))
         s_q, s_k = qh.shape[2], kh.shape[2]
-        if dlse is not None or qh.numel() == 0 or kh.numel() == 0:
+        if (dlse is not None and dlse.any()) or qh.numel() == 0 or kh.numel() == 0:
             return super().forward(do, q, k, v, o, lse, dlse)
         wide = _wide(q.dtype)
         heads = lse if g.call.layout == "bshd" else lse.transpose(1, 2)
