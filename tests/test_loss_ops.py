@@ -160,6 +160,35 @@ def test_out_of_range_targets_are_refused_by_name():
             op(logits, given)
 
 
+def test_every_op_refuses_an_out_of_range_target_even_among_logits_that_are_not_finite():
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    logits, target_ids = _logits_and_targets(rows=6, vocab=10, ignore_index=-100)
+    logits[1, 3] = float("inf")  # a loss that is not finite already, whatever the targets
+    target_ids[4] = 10
+    hidden_states, weight = torch.randn(6, 4), torch.randn(10, 4)
+    calls = {
+        "CrossEntropyFwdOp": lambda: CrossEntropyFwdOp(reduction="sum")(logits, target_ids),
+        "CrossEntropyPerRowFwdOp": lambda: CrossEntropyPerRowFwdOp()(logits, target_ids),
+        "LinearCrossEntropyFwdOp": lambda: LinearCrossEntropyFwdOp()(hidden_states, weight, None, target_ids),
+    }
+    for name, call in calls.items():
+        with pytest.raises(OpArgumentError, match=rf"{name}: argument 'target_ids' holds 10 at row 4"):
+            call()
+
+
+def test_logits_that_are_not_finite_give_a_loss_that_is_not_finite_and_no_error():
+    logits, target_ids = _logits_and_targets(rows=6, vocab=10, ignore_index=-100)
+    logits[1, 3] = float("inf")
+    logits[2, 0] = float("nan")
+    rows, _ = CrossEntropyPerRowFwdOp()(logits, target_ids)
+    want = F.cross_entropy(logits, target_ids, reduction="none")
+    assert torch.equal(torch.isfinite(rows), torch.isfinite(want))
+    torch.testing.assert_close(rows[torch.isfinite(want)], want[torch.isfinite(want)])
+    for reduction in ("mean", "sum"):
+        assert not CrossEntropyFwdOp(reduction=reduction)(logits, target_ids)[0].isfinite()
+
+
 def test_bad_params_and_calls_name_the_op():
     with pytest.raises(OpArgumentError, match="CrossEntropyFwdOp: reduction must be 'mean' or 'sum'.*CrossEntropyPerRowFwdOp"):
         CrossEntropyFwdOp(reduction="none")

@@ -10,10 +10,10 @@ Two steps serve every op of the family, the fused linear cross-entropy included:
   into a tensor the caller gives (a new one, or the logits themselves when the caller no longer
   needs them: the fused linear cross-entropy computes each chunk's gradient in place).
 
-Kernels see contiguous tensors; the targets are int64 or int32 as the caller gave them. A target
-that is neither ignore_index nor in [0, V) is refused by the op before any kernel runs (outside
-CUDA-graph capture, see docs/loss.md); an implementation must still never read out of bounds for
-one, and gives such a row a NaN loss.
+Kernels see contiguous tensors; the targets are int64 or int32 as the caller gave them, unchecked.
+For a target that is neither ignore_index nor in [0, V) an implementation must never read out of
+bounds and must give its row a NaN loss: the op finds such targets through that NaN and refuses
+the call (outside CUDA-graph capture, see docs/loss.md).
 """
 
 from __future__ import annotations

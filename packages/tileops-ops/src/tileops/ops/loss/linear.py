@@ -52,7 +52,6 @@ class _LinearLossOp(_ReducedLossOp):
         are None without ``gradients``."""
         params = self.params
         rows, vocab = hidden_states.shape[0], weight.shape[0]
-        check_targets(type(self).__name__, target_ids, vocab, params["ignore_index"])
         wide = compute_dtype(hidden_states.dtype)
         keep = target_ids != params["ignore_index"]
         count = keep.sum()
@@ -80,12 +79,13 @@ class _LinearLossOp(_ReducedLossOp):
             grad_weight.addmm_(dlogits.t(), hidden_states[part])
             grad_bias += dlogits.sum(0, dtype=wide)
         loss = total if params["reduction"] == "sum" else total / count
+        check_targets(type(self).__name__, target_ids, vocab, params["ignore_index"], loss)
         if gradients:
             return loss, grad_hidden, grad_weight, grad_bias.to(hidden_states.dtype)
         return loss, None, None, None
 
     def rows_of(self, logits, target_ids):
-        """The rows step on one chunk (the targets are checked once, for all chunks)."""
+        """The rows step on one chunk (the targets are checked once, on the loss of all chunks)."""
         if logits.shape[0] == 0:
             empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
             return empty, empty.clone()

@@ -1,8 +1,8 @@
 """The loss family's cross-entropy ops: the reduced loss (``CrossEntropyFwdOp``), every row's loss
 (``CrossEntropyPerRowFwdOp``) and their backward ops.
 
-A forward checks the targets (``check_targets``), runs the rows step (each row's loss and lse in
-one pass over the logits) and reduces the rows itself; it saves nothing, since its backward reads
+A forward runs the rows step (each row's loss and lse in one pass over the logits), reduces the
+rows itself and checks the targets on the result (``check_targets``); it saves nothing, since its backward reads
 the forward's lse output. A backward folds the incoming gradients, the reduction, z-loss and the
 ignored rows into two per-row coefficients and runs the grad step, one more pass over the logits
 writing the gradient once.
@@ -10,6 +10,7 @@ writing the gradient once.
 
 from __future__ import annotations
 
+import math
 from importlib.resources import files
 
 import torch
@@ -32,19 +33,25 @@ def aligned(vocab: int, *tensors) -> bool:
     return not address % _ALIGNMENT and not (vocab * tensors[0].dtype.itemsize) % _ALIGNMENT
 
 
-def check_targets(op_name: str, target_ids: torch.Tensor, vocab: int, ignore_index: int) -> None:
+def check_targets(op_name: str, target_ids: torch.Tensor, vocab: int, ignore_index: int, losses: torch.Tensor) -> None:
     """Refuse a target that is neither ``ignore_index`` nor in [0, vocab), naming the op, the
     argument, the first bad value and the range.
 
-    The check is one reduction and one read back to the host (a synchronisation). While a CUDA
-    graph is being captured no read back is allowed, so the check is skipped there; the kernels
-    then read nothing out of bounds for such a target and give its row a NaN loss.
+    ``losses`` is what the call computed from these targets: the reduced loss, or every row's.
+    Every implementation gives a row whose target is out of range a NaN loss (the interfaces'
+    contract), so the targets are searched only where a loss is not finite: a good call costs one
+    read back of the loss (a synchronisation on CUDA) and no pass over the targets, which on a
+    small CPU call cost 10 us, more than the rows step. While a CUDA graph is being captured
+    nothing can be read back, so the check is skipped there; such a target's row then keeps its
+    NaN loss.
     """
     if target_ids.numel() == 0 or (target_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
+    if math.isfinite(losses) if losses.dim() == 0 else bool(torch.isfinite(losses).all()):
+        return
     bad = ((target_ids < 0) | (target_ids >= vocab)) & (target_ids != ignore_index)
     if not bool(bad.any()):
-        return
+        return  # the logits themselves are not finite (or every row is ignored): torch's answer
     row = int(bad.nonzero()[0, 0])
     raise OpArgumentError(
         f"{op_name}: argument 'target_ids' holds {int(target_ids[row])} at row {row}; expected a class in [0, {vocab}) "
@@ -80,9 +87,9 @@ class _LossOp(Op):
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
     def rows(self, logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's loss and lse (``CrossEntropyRowsInterface``), the targets checked first."""
+        """Each row's loss and lse (``CrossEntropyRowsInterface``); the caller checks the targets
+        on what it makes of the losses."""
         vocab = logits.shape[-1]
-        check_targets(type(self).__name__, target_ids, vocab, self.params["ignore_index"])
         if logits.shape[0] == 0:
             empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
             return empty, empty.clone()
@@ -180,7 +187,9 @@ class CrossEntropyFwdOp(_ReducedLossOp):
 
     def forward(self, logits, target_ids):
         rows, lse = self.rows(logits, target_ids)
-        loss = reduce_rows(rows, target_ids, self.params["ignore_index"], self.params["reduction"])
+        ignore_index = self.params["ignore_index"]
+        loss = reduce_rows(rows, target_ids, ignore_index, self.params["reduction"])
+        check_targets(type(self).__name__, target_ids, logits.shape[-1], ignore_index, loss)
         return loss.to(logits.dtype), lse.float()
 
 
@@ -206,6 +215,7 @@ class CrossEntropyPerRowFwdOp(_PerRowLossOp):
 
     def forward(self, logits, target_ids):
         rows, lse = self.rows(logits, target_ids)
+        check_targets(type(self).__name__, target_ids, logits.shape[-1], self.params["ignore_index"], rows)
         return rows.to(logits.dtype), lse.float()
 
 
