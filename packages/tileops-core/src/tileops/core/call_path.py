@@ -230,14 +230,14 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         w.emit(f"if not {t}.is_contiguous() or {t}.layout is not _strided: break", indent)
     if entry.backward is not None:
         # A call that must record autograd history goes to the reference bind, which runs it
-        # through the op's autograd node; the flags are read first, as inference calls with
-        # parameters that require grad (under torch.no_grad) are common.
+        # through the op's autograd node. Grad mode is read first: under torch.no_grad (serving,
+        # with parameters that require grad) it answers in one read, not one per tensor.
         tracked = [
             f"({decl.name} is not None and {decl.name}.requires_grad)" if decl.optional else f"{decl.name}.requires_grad"
             for decl in entry.inputs
             if decl.name in entry.backward.grads
         ]
-        w.emit(f"if ({' or '.join(tracked)}) and _grad_enabled(): break", 1)
+        w.emit(f"if _grad_enabled() and ({' or '.join(tracked)}): break", 1)
     for decl in entry.outputs:
         if decl.dtype_same_as and entry.input(decl.dtype_same_as).optional:
             raise _Unsupported
