@@ -1,7 +1,8 @@
 """``tileops overhead``: what the op layer adds to a call on the hit path, on the CPU.
 
 The op (by default the first one ``tileops ops`` lists) is measured on its first manifest
-workload of at most ``MAX_ELEMENTS`` input elements (else its smallest), with one change: each
+workload of at most ``MAX_ELEMENTS`` input elements (else its smallest), its inputs contiguous
+(as the hit path takes them), with one change: each
 of its in-tree CPU implementations is replaced by a subclass whose ``forward`` returns the
 result it computed on the first call (a subclass of the op holds them; nothing is registered),
 so the kernel costs next to nothing. The op is then called in a loop against calling those
@@ -109,7 +110,9 @@ def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS)
     workload = small[0] if small else smallest_workload(op_class)
     # float32 where the workload has it: the CPU's own type, as the CPU implementations compute.
     dtype = torch.float32 if torch.float32 in workload.dtypes else workload.dtypes[0]
-    inputs = workload_inputs(entry, workload, dtype, "cpu")
+    # Contiguous, as the hit path takes them: a derived input may come as a view (a transposed
+    # attention output), which the reference bind would copy on every call.
+    inputs = {name: t.contiguous() for name, t in workload_inputs(entry, workload, dtype, "cpu").items()}
     arguments = [inputs.get(d.name) for d in entry.inputs]
     op = probed(op_class)(**workload.params)
     op(*arguments)
