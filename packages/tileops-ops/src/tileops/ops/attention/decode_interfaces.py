@@ -18,8 +18,10 @@ for sequence b, new token s and query head h reading kv head h // (Hq / Hkv)::
 where k[b, p] is ``k_cache[b, p]`` contiguous, and ``k_cache[block_table[b, p // L], p % L]``
 paged (the entry clamped to [0, N)), each a (Hkv, D) slice (``k_cache[b, :, p]`` and
 ``k_cache[page, :, p % L]`` in the bhsd layout). A position the key mask hides is not read
-either: the cache may hold anything there. No implementation may read the lengths on the host: a
-call is captured in CUDA graphs whose replays change ``cache_seqlens``.
+either: the cache may hold anything there. No implementation on a device with graphs may read
+the lengths on the host: a CUDA call is captured in graphs whose replays change
+``cache_seqlens``. (On the CPU, where reading them costs no synchronisation and no graph replays
+the call, the in-tree implementation does.)
 """
 
 from __future__ import annotations
@@ -72,5 +74,5 @@ class DecodeAttentionFwdInterface(KernelInterface):
         key_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(o, lse)``: o of q's shape and dtype, lse (B, Hq, S) float32, computed as the
-        module docstring says, without reading ``cache_seqlens``, ``block_table`` or
+        module docstring says; on CUDA without reading ``cache_seqlens``, ``block_table`` or
         ``key_mask`` on the host."""
