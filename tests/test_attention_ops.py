@@ -116,6 +116,24 @@ def test_masked_calls_taken_in_chunks_of_rows_give_torchs_values_and_gradients(m
         torch.testing.assert_close(mine.grad, torchs.grad, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize(("s_q", "s_k", "params"), [(9, 5, {"causal": True}), (12, 20, {"causal": True, "window": 4}), (7, 7, {})])
+def test_the_math_serving_cuda_fallbacks_matches_the_cpu_flash_kernels(s_q, s_k, params):
+    # On the CPU torch's flash kernels serve; the math reference serves CUDA's other calls.
+    from tileops.ops.attention.interfaces import AttentionCall
+
+    q, k, v = _qkv(2, s_q, s_k, 4, 2, 16, dtype=torch.float64)
+    call = AttentionCall(torch.device("cpu"), torch.float64, 16, 4, 2, params.get("causal", False), params.get("window"), 0.3, "bshd")
+    o, lse = attention_cpu.MathAttention(call).forward(q, k, v)
+    want_o, want_lse = attention_cpu.TorchAttention(call).forward(q, k, v)
+    torch.testing.assert_close(o, want_o)
+    torch.testing.assert_close(lse, want_lse)
+    do = torch.randn_like(o)
+    got = attention_cpu.MathAttentionBwd(call).forward(do, q, k, v, o, lse, None)
+    want = attention_cpu.TorchAttentionBwd(call).forward(do, q, k, v, o, lse, None)
+    for mine, theirs in zip(got, want):  # both read the float32 lse
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-6)
+
+
 def test_causal_with_more_queries_than_keys_leaves_the_first_rows_empty():
     q, k, v = _qkv(1, 6, 4, 2, 2, 8)
     o, lse = AttentionFwdOp(causal=True)(q, k, v)

@@ -104,6 +104,25 @@ def test_calls_without_a_query_or_a_key_need_no_kernel():
     assert not dq.any() and dk.shape == k.shape == dv.shape
 
 
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["o", "o-and-lse"])
+def test_the_packed_math_serving_cuda_fallbacks_matches_the_cpu_implementation(with_dlse):
+    # On the CPU each sequence runs through the dense kernel; the packed math serves CUDA only.
+    from tileops.ops.attention import varlen_cpu
+    from tileops.ops.attention.varlen_interfaces import VarlenAttentionCall
+
+    q, k, v, cu_q, cu_k = _packed([5, 0, 9, 4], [7, 2, 6, 0], 4, 2, 16)
+    call = VarlenAttentionCall(torch.device("cpu"), torch.float64, 16, 4, 2, True, 5, 0.3)
+    o, lse = varlen_cpu.MathVarlenAttention(call).forward(q, k, v, cu_q, cu_k)
+    want_o, want_lse = varlen_cpu.TorchVarlenAttention(call).forward(q, k, v, cu_q, cu_k)
+    torch.testing.assert_close(o, want_o)
+    torch.testing.assert_close(lse, want_lse)
+    do, dlse = torch.randn_like(o), (torch.randn_like(lse) if with_dlse else None)
+    got = varlen_cpu.MathVarlenAttentionBwd(call).forward(do, q, k, v, o, lse, cu_q, cu_k, dlse)
+    want = varlen_cpu.TorchVarlenAttentionBwd(call).forward(do, q, k, v, o, lse, cu_q, cu_k, dlse)
+    for mine, theirs in zip(got, want):  # both read the float32 lse
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("params", [{"causal": True}, {"window": 2, "scale": 0.3}], ids=["causal", "window"])
 def test_gradcheck_in_float64(params):
     # an empty sequence, one with more queries than keys, one with fewer; GQA

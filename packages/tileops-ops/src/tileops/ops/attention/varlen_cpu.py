@@ -2,7 +2,12 @@
 fallback on CUDA for the calls the TileLang kernels do not take (float32, float64, other head
 sizes, other GPUs).
 
-The packed batch is computed whole, a chunk of query rows at a time (each chunk's scores within
+On the CPU each sequence goes through the dense attention's CPU implementation (torch's CPU
+flash kernels, ``cpu.py``), its offsets read on the host, where that costs no synchronisation
+and the op has checked them: the work is the sum of each sequence's S_q x S_k (8 causal
+sequences of 256 tokens: 64 ms, against 750 ms for the packed math below).
+
+On CUDA the packed batch is computed whole, a chunk of query rows at a time (each chunk's scores within
 ``cpu.SCORE_BYTES``), with a mask that keeps each row to its own sequence's keys and, within
 it, to its causal and sliding window. The mask comes from ``cu_seqlens`` by tensor operations
 on the call's device, so nothing is read on the host: a CUDA call is captured in a graph like
@@ -18,7 +23,8 @@ import torch
 
 from tileops.core import Kernel
 
-from .cpu import SCORE_BYTES
+from .cpu import SCORE_BYTES, TorchAttention, TorchAttentionBwd
+from .interfaces import AttentionCall
 from .varlen_interfaces import VarlenAttentionBwdInterface, VarlenAttentionCall, VarlenAttentionFwdInterface
 
 
@@ -94,8 +100,8 @@ class _TorchVarlenAttention(Kernel):
         return call, lambda: cls(call)
 
 
-class TorchVarlenAttention(_TorchVarlenAttention, VarlenAttentionFwdInterface):
-    """The forward: per chunk of query rows, softmax(q k^T * scale) v over the keys each row
+class MathVarlenAttention(_TorchVarlenAttention, VarlenAttentionFwdInterface):
+    """The packed math's forward: per chunk of query rows, softmax(q k^T * scale) v over the keys each row
     sees, with the row maximum subtracted, and lse = log(sum) + max; 0 and -inf where it sees none."""
 
     @torch.no_grad()
@@ -116,8 +122,8 @@ class TorchVarlenAttention(_TorchVarlenAttention, VarlenAttentionFwdInterface):
         return o, lse
 
 
-class TorchVarlenAttentionBwd(_TorchVarlenAttention, VarlenAttentionBwdInterface):
-    """The backward: per chunk of query rows, P = exp(s - lse) from the saved lse,
+class MathVarlenAttentionBwd(_TorchVarlenAttention, VarlenAttentionBwdInterface):
+    """The packed math's backward: per chunk of query rows, P = exp(s - lse) from the saved lse,
     dS = P (dP - delta) with delta = rowsum(do o) - dlse, dq = dS k * scale, and the chunk's
     share of dk = dS^T q * scale and dv = P^T do, summed over the group's heads."""
 
@@ -148,19 +154,67 @@ class TorchVarlenAttentionBwd(_TorchVarlenAttention, VarlenAttentionBwdInterface
         return packed.back(dq, dtype), packed.back(dk.unsqueeze(1), dtype), packed.back(dv.unsqueeze(1), dtype)
 
 
-class TorchVarlenAttentionCuda(TorchVarlenAttention):
-    """The forward's math on CUDA, for the calls the TileLang kernels refuse."""
+def _sequences(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
+    """(query rows, key rows) of each sequence that has both, as slices (offsets read on the host)."""
+    offsets_q, offsets_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(offsets_q) - 1):
+        rows_q, rows_k = slice(offsets_q[b], offsets_q[b + 1]), slice(offsets_k[b], offsets_k[b + 1])
+        if rows_q.stop > rows_q.start and rows_k.stop > rows_k.start:
+            yield rows_q, rows_k
+
+
+class _PerSequence(_TorchVarlenAttention):
+    """The CPU implementations: the dense CPU kernel, one sequence (a batch of one) at a time."""
+
+    def __init__(self, call: VarlenAttentionCall) -> None:
+        super().__init__(call)
+        dense = AttentionCall(
+            call.device, call.dtype, call.head_dim, call.heads_q, call.heads_kv, call.causal, call.window, call.scale, "bshd"
+        )
+        self.dense_forward, self.dense_backward = TorchAttention(dense), TorchAttentionBwd(dense)
+
+
+class TorchVarlenAttention(_PerSequence, VarlenAttentionFwdInterface):
+    """The CPU forward; rows of a sequence without keys keep o = 0 and lse = -inf."""
+
+    def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        o = torch.zeros_like(q)
+        lse = torch.full((q.shape[1], q.shape[0]), -torch.inf, dtype=torch.float32)
+        for rows_q, rows_k in _sequences(cu_seqlens_q, cu_seqlens_k):
+            o_b, lse_b = self.dense_forward.forward(q[rows_q][None], k[rows_k][None], v[rows_k][None])
+            o[rows_q], lse[:, rows_q] = o_b[0], lse_b[0]
+        return o, lse
+
+
+class TorchVarlenAttentionBwd(_PerSequence, VarlenAttentionBwdInterface):
+    """The CPU backward; a gradient of lse of zeros (autograd's for an unused lse) is none."""
+
+    def forward(self, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dlse):
+        if dlse is not None and not dlse.any():
+            dlse = None
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for rows_q, rows_k in _sequences(cu_seqlens_q, cu_seqlens_k):
+            dq_b, dk_b, dv_b = self.dense_backward.forward(
+                do[rows_q][None], q[rows_q][None], k[rows_k][None], v[rows_k][None], o[rows_q][None],
+                lse[:, rows_q][None], None if dlse is None else dlse[:, rows_q][None],
+            )
+            dq[rows_q], dk[rows_k], dv[rows_k] = dq_b[0], dk_b[0], dv_b[0]
+        return dq, dk, dv
+
+
+class TorchVarlenAttentionCuda(MathVarlenAttention):
+    """The packed math's forward on CUDA, for the calls the TileLang kernels refuse."""
 
     devices = frozenset({"cuda"})
 
 
-class TorchVarlenAttentionBwdCuda(TorchVarlenAttentionBwd):
-    """The backward's math on CUDA, for the calls the TileLang kernels refuse."""
+class TorchVarlenAttentionBwdCuda(MathVarlenAttentionBwd):
+    """The packed math's backward on CUDA, for the calls the TileLang kernels refuse."""
 
     devices = frozenset({"cuda"})
 
 
-#: key -> class per interface: plain torch on the CPU, and the same on CUDA.
+#: key -> class per interface: the dense CPU kernels per sequence on the CPU, the packed math on CUDA.
 IMPLEMENTATIONS = {
     VarlenAttentionFwdInterface: {"torch_cpu": TorchVarlenAttention, "torch_cuda": TorchVarlenAttentionCuda},
     VarlenAttentionBwdInterface: {"torch_cpu": TorchVarlenAttentionBwd, "torch_cuda": TorchVarlenAttentionBwdCuda},
