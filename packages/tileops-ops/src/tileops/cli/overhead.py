@@ -110,8 +110,8 @@ def measure(op_name: str | None = None, calls: int = 1000, repeats: int = LOOPS)
     workload = small[0] if small else smallest_workload(op_class)
     # float32 where the workload has it: the CPU's own type, as the CPU implementations compute.
     dtype = torch.float32 if torch.float32 in workload.dtypes else workload.dtypes[0]
-    # Contiguous, as the hit path takes them: a derived input may come as a view (a transposed
-    # attention output), which the reference bind would copy on every call.
+    # Contiguous, as the hit path takes them: a derived input may come as a view (of a transposed
+    # output), which the reference bind would copy on every call.
     inputs = {name: t.contiguous() for name, t in workload_inputs(entry, workload, dtype, "cpu").items()}
     arguments = [inputs.get(d.name) for d in entry.inputs]
     op = probed(op_class)(**workload.params)
