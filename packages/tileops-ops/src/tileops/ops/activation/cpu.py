@@ -47,9 +47,8 @@ _ACTIVATIONS = {
 
 def activate_backward(dy: torch.Tensor, x: torch.Tensor, activation: str) -> torch.Tensor:
     """``dy * activation'(x)`` (both already in their compute dtype)."""
-    if activation == "silu":
-        s = torch.sigmoid(x)
-        return dy * (s * (1 + x * (1 - s)))
+    if activation == "silu":  # torch's own kernel: one pass, where the formula took six
+        return torch.ops.aten.silu_backward(dy, x)
     return torch.ops.aten.gelu_backward(dy, x, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 

@@ -54,6 +54,7 @@ class _TorchNorm(Kernel):
         super().__init__()
         self.n, self.eps = n, eps
         self.shape = (n,)
+        self._units: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def entry_for(cls, call: NormCall):
@@ -87,18 +88,42 @@ class _TorchNorm(Kernel):
 
     # -- backward --------------------------------------------------------------------------
     def _gradients(self, dy, x, weight, mean, rstd, dresidual=None):
-        """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias; mean None for RMSNorm."""
-        dy_w, x_w, rstd = _wide(dy), _wide(x), rstd.unsqueeze(-1)
-        centred = x_w if mean is None else x_w - mean.unsqueeze(-1)
-        xhat = centred * rstd
-        g = dy_w if weight is None else dy_w * _wide(weight)
-        projection = (g * xhat).mean(-1, keepdim=True)
-        dx = rstd * (g - xhat * projection if mean is None else g - g.mean(-1, keepdim=True) - xhat * projection)
+        """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias; mean None for RMSNorm,
+        whose dbias is None."""
+        dy_w, x_w, weight_w, rstd = _wide(dy), _wide(x), _wide(weight), rstd.unsqueeze(-1)
+        if mean is None:
+            dx, dweight, dbias = *self._rms_gradients(dy_w, x_w, weight_w, rstd), None
+        else:
+            # torch's own CPU kernel for LayerNorm's backward: 42 us on (512, 256) float32, against
+            # 145 us for the same formula in a dozen elementwise ops. It needs a weight and a bias
+            # to give their gradients, and neither changes dx.
+            ones, zeros = self._unit_parameters(x_w)
+            dx, dweight, dbias = torch.ops.aten.native_layer_norm_backward(
+                dy_w, x_w, self.shape, mean.unsqueeze(-1), rstd, ones if weight is None else weight_w, zeros,
+                [True, True, True],
+            )
         if dresidual is not None:
-            dx = dx + _wide(dresidual)
-        dweight = (dy_w * xhat).reshape(-1, self.n).sum(0).to(dy.dtype)
-        dbias = dy_w.reshape(-1, self.n).sum(0).to(dy.dtype)
-        return dx.to(dy.dtype), dweight, dbias
+            dx = dx.add_(dresidual)  # dx is the kernel's own, in the compute dtype
+        dtype = dy.dtype
+        return _narrow(dx, dtype), _narrow(dweight, dtype), None if dbias is None else _narrow(dbias, dtype)
+
+    def _rms_gradients(self, dy, x, weight, rstd):
+        """(dx, dweight) of y = x * rstd * weight, in as few passes as torch allows (torch has no
+        CPU kernel for it): dx = rstd * (g - xhat * mean(g * xhat)), g = dy * weight."""
+        xhat = x * rstd
+        g = dy if weight is None else dy * weight
+        projection = torch.linalg.vecdot(g, xhat).unsqueeze(-1).div_(self.n)
+        dx = torch.addcmul(g, xhat, projection, value=-1).mul_(rstd)
+        return dx, (dy * xhat).reshape(-1, self.n).sum(0)
+
+    def _unit_parameters(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A weight of ones and a bias of zeros, (n,) in ``like``'s dtype and on its device, made
+        once for each."""
+        key = (like.dtype, like.device)
+        units = self._units.get(key)
+        if units is None:
+            units = self._units[key] = (like.new_ones(self.n), like.new_zeros(self.n))
+        return units
 
 
 class TorchCpuRMSNorm(_TorchNorm, RMSNormFwdInterface):
