@@ -47,11 +47,13 @@ def generated_bind(signature, params, args: tuple = (), kwargs: dict | None = No
     makes of a call, or None where it declines it (a call only the reference binder serves).
 
     The path is made as for an op bound to another target, so that it hands over the checked
-    call instead of running anything."""
+    call instead of running anything (a call that records autograd history too)."""
     factory = call_path_factory(signature, params)
     if factory is None:
         return None
-    call_path = factory(forward=None, run_bound=lambda call: call, runs_forward=False, check_results=True)
+    call_path = factory(
+        forward=None, run_bound=lambda call: call, runs_forward=False, check_results=True, differentiate=lambda call: call
+    )
     try:
         return call_path(*args, **(kwargs or {}))
     except (CallDeclined, TypeError):  # TypeError: Python refused the arguments, and Op.__call__ declines too

@@ -4,12 +4,13 @@ For one op entry and one set of params, Python source is written once that accep
 common case (every tensor present as declared, a torch.Tensor, contiguous, on the call's
 device, with the declared dtype and shape, output buffers that fit and share no memory with
 another tensor of the call, no torch.func transform active), runs the op's forward (or
-hands the checked call to the op's ``run_bound``) and checks the result inline. Anything else,
-including a call whose written tensors are all empty or that must record autograd history, is declined: the path raises
-``CallDeclined`` and ``Op`` hands the call's own arguments to ``Signature.bind``, the reference,
-which copies non-contiguous inputs, builds the precise error and returns an empty call's
-outputs. So the generated checks can only ever be stricter, never more lenient, than the
-reference, and a declined call is bound once. The generated source names no attribute of the
+hands the checked call to the op's ``run_bound``, or, for a call that must record autograd
+history, to its ``differentiate``) and checks the result inline. Anything else, including a
+call whose written tensors are all empty, is declined: the path raises ``CallDeclined`` and
+``Op`` hands the call's own arguments to ``Signature.bind``, the reference, which copies
+non-contiguous inputs, builds the precise error and returns an empty call's outputs. So the
+generated checks can only ever be stricter, never more lenient, than the reference, and a
+declined call is bound once. The generated source names no attribute of the
 op: the op passes in what the path calls. The source is kept on the factory as ``source``.
 """
 
@@ -152,14 +153,16 @@ def _constraints_function(constraints, params: Mapping[str, Any], dims: list[str
 
 def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     """The factory of the call path of an op with ``params``:
-    ``make_call_path(forward=, run_bound=, runs_forward=, check_results=)``.
+    ``make_call_path(forward=, run_bound=, runs_forward=, check_results=, differentiate=)``.
 
-    The call path takes the op's call arguments. When every check holds it runs
-    ``forward(*inputs, **out_buffers)`` if ``runs_forward`` (the op is bound to its in-tree
-    implementations), checking the result inline unless ``check_results`` is false (the op runs
-    only its own, tested implementations: the check would cost a tenth of a decode call and
-    never fire); otherwise it returns ``run_bound(call)`` of the checked ``BoundCall``. It
-    raises ``CallDeclined`` for any call it does not take.
+    The call path takes the op's call arguments. When every check holds it returns
+    ``differentiate(call)`` of the checked ``BoundCall`` for a call that must record autograd
+    history (an op with a backward, grad mode on, an input that gets a gradient requiring it);
+    else it runs ``forward(*inputs, **out_buffers)`` if ``runs_forward`` (the op is bound to its
+    in-tree implementations), checking the result inline unless ``check_results`` is false (the
+    op runs only its own, tested implementations: the check would cost a tenth of a decode call
+    and never fire); otherwise it returns ``run_bound(call)``. It raises ``CallDeclined`` for any
+    call it does not take.
     ``signature.check_result(result, call, producer)`` builds the error for a result that does
     not fit.
     """
@@ -229,15 +232,16 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         # An mkldnn tensor says it is contiguous: its layout tells it apart.
         w.emit(f"if not {t}.is_contiguous() or {t}.layout is not _strided: break", indent)
     if entry.backward is not None:
-        # A call that must record autograd history goes to the reference bind, which runs it
-        # through the op's autograd node. Grad mode is read first: under torch.no_grad (serving,
-        # with parameters that require grad) it answers in one read, not one per tensor.
+        # A call that must record autograd history is checked as any other, then handed to
+        # ``differentiate`` (the op's autograd node): the reference bind would cost a training
+        # step's call 44 us more. Grad mode is read first: under torch.no_grad (serving, with
+        # parameters that require grad) it answers in one read, not one per tensor.
         tracked = [
             f"({decl.name} is not None and {decl.name}.requires_grad)" if decl.optional else f"{decl.name}.requires_grad"
             for decl in entry.inputs
             if decl.name in entry.backward.grads
         ]
-        w.emit(f"if _grad_enabled() and ({' or '.join(tracked)}): break", 1)
+        w.emit(f"_tracked = _grad_enabled() and ({' or '.join(tracked)})", 1)
     for decl in entry.outputs:
         if decl.dtype_same_as and entry.input(decl.dtype_same_as).optional:
             raise _Unsupported
@@ -287,6 +291,9 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         f"_BoundCall(({inputs}), _outs, _dev, {dims}, ({''.join(s + ', ' for s in shapes)}), "
         f"({''.join(d + ', ' for d in dtypes)}))"
     )
+    if entry.backward is not None:
+        w.emit("if _tracked:", 1)
+        w.emit(f"return _differentiate({bound})", 2)
     w.emit("if not _runs_forward:", 1)
     w.emit(f"return _run_bound({bound})", 2)
     w.emit(f"_r = _forward({inputs}) if _outs is _NO_OUTS else _forward({inputs}**_outs)", 1)
@@ -312,8 +319,8 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     # reference bind names its kind. The try costs nothing on calls that raise nothing.
     source = "\n".join(
         [
-            "def make_call_path(*, forward, run_bound, runs_forward, check_results):",
-            "    _forward, _run_bound, _runs_forward = forward, run_bound, runs_forward",
+            "def make_call_path(*, forward, run_bound, runs_forward, check_results, differentiate):",
+            "    _forward, _run_bound, _runs_forward, _differentiate = forward, run_bound, runs_forward, differentiate",
             "    _trusted = not check_results",
             f"    def call_path({header}):",
             "        while not (_more or _extra):",

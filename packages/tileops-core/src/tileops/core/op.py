@@ -288,11 +288,16 @@ class Op:
     def _make_call_path(self, *, runs_forward: bool) -> None:
         """(Re)make the generated call path: once the in-tree implementations are bound it
         runs ``forward`` itself; until then, or for another target, it hands the checked call
-        to ``_run_bound``."""
+        to ``_run_bound``; a call that records autograd history goes to ``_differentiate``."""
         make = self._call_path_factory
         self._call_path = None if make is None else make(
-            forward=self.forward, run_bound=self._run_bound, runs_forward=runs_forward, check_results=self._check_results
+            forward=self.forward, run_bound=self._run_bound, runs_forward=runs_forward,
+            check_results=self._check_results, differentiate=self._differentiate,
         )
+
+    def _differentiate(self, call: BoundCall) -> Any:
+        """A checked call that records autograd history: the op's autograd node runs it."""
+        return autograd.run_eager(self, call)
 
     def _call_reference(self, args: tuple, kwargs: dict) -> Any:
         """The reference binder: precise errors, copies of non-contiguous inputs, empty writes,
