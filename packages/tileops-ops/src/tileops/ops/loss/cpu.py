@@ -47,11 +47,22 @@ class _TorchLoss(Kernel):
         return call, lambda: cls(call)
 
 
+def row_lse(z: torch.Tensor) -> torch.Tensor:
+    """Each row's log-sum-exp, through torch's log_softmax kernel: its largest entry is
+    -log(sum(exp(z - max))), so lse = max(z) - max(log_softmax(z)). On the CPU torch.logsumexp and
+    exp over z take twice as long as log_softmax (557 and 487 against 290 us on (512, 2000)
+    float32), whose exponentials are vectorised. A row whose maximum is not finite (a row of
+    -inf, a +inf, a NaN) gets that maximum, as torch.logsumexp gives."""
+    top = z.amax(-1)
+    lse = top - torch.log_softmax(z, -1).amax(-1)
+    return torch.where(top.isfinite(), lse, top)
+
+
 class TorchCpuCrossEntropyRows(_TorchLoss, CrossEntropyRowsInterface):
     def forward(self, logits, target_ids):
         call = self.call
         z = capped(logits, call.softcap)
-        lse = torch.logsumexp(z, -1)
+        lse = row_lse(z)
         index, in_range = safe_targets(target_ids, z.shape[-1])
         picked = z.gather(-1, index[:, None])[:, 0]
         loss = lse - (1.0 - call.label_smoothing) * picked
@@ -66,20 +77,29 @@ class TorchCpuCrossEntropyRows(_TorchLoss, CrossEntropyRowsInterface):
 
 class TorchCpuCrossEntropyGrad(_TorchLoss, CrossEntropyGradInterface):
     def forward(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits):
+        # Written in place, into dlogits itself where it has the compute dtype (a new tensor per
+        # step of the formula took 1.56 ms on (512, 2000) float32; this, 0.3 ms). exp(z - lse) is
+        # the softmax of z, which torch's softmax kernel computes twice as fast as exp over z;
+        # where dlogits is the logits themselves it is computed element by element instead.
         call = self.call
         wide = compute_dtype(logits.dtype)
         z = capped(logits, call.softcap)
         vocab = z.shape[-1]
         a, b = softmax_scale.to(wide)[:, None], target_scale.to(wide)[:, None]
-        grad = a * torch.exp(z - lse.to(wide)[:, None])
+        into = dlogits if dlogits.dtype == wide else torch.empty_like(z)
+        if into is z:
+            grad = torch.sub(z, lse.to(wide)[:, None], out=into).exp_()
+        else:
+            grad = torch.ops.aten._softmax.out(z, -1, False, out=into)
+        grad.mul_(a)
         if call.label_smoothing:
-            grad = grad - b * (call.label_smoothing / vocab)
+            grad.sub_(b * (call.label_smoothing / vocab))
         index, in_range = safe_targets(target_ids, vocab)
         hit = b[:, 0] * (1.0 - call.label_smoothing) * in_range
-        grad = grad.scatter_add(-1, index[:, None], -hit[:, None])
-        if call.softcap is not None:
-            grad = grad * (1.0 - (z / call.softcap).square())
-        return dlogits.copy_(grad)
+        grad.scatter_add_(-1, index[:, None], -hit[:, None])
+        if call.softcap is not None:  # z is a tensor of its own here, not dlogits
+            grad.mul_(1.0 - (z / call.softcap).square())
+        return dlogits if grad is dlogits else dlogits.copy_(grad)
 
 
 class _Float64OnCuda:
