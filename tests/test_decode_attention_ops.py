@@ -189,6 +189,27 @@ def test_a_key_mask_hides_positions_and_what_the_cache_holds_there(layout, page_
     assert_matches(o, lse, per_sequence_reference(*call[:3], lengths, call[4], key_mask=mask), 1e-5)
 
 
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize(("new_tokens", "causal", "lengths"), [(1, True, [40, 40]), (3, True, [25, 25]), (2, False, [7, 7]), (3, True, [25, 9])])
+def test_the_cpu_paths_give_the_math_references_values(layout, new_tokens, causal, lengths):
+    # Equal lengths take the dense kernel over the cut caches, others the masked one; past each
+    # length the caches hold NaN, which neither may read.
+    from tileops.ops.attention.decode_cpu import decode_attention, flash_decode_attention
+
+    torch.manual_seed(0)
+    q = torch.randn(2, new_tokens, 8, 16, dtype=torch.float64)
+    shape = (2, 48, 2, 16) if layout == "bshd" else (2, 2, 48, 16)
+    k_cache, v_cache = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    for cache in (k_cache, v_cache):
+        for b, length in enumerate(lengths):
+            (cache[b, length:] if layout == "bshd" else cache[b, :, length:]).fill_(float("nan"))
+    got = flash_decode_attention(q, k_cache, v_cache, seqlens, None, None, 0.3, causal, layout)
+    want = decode_attention(q, k_cache, v_cache, seqlens, None, None, 0.3, causal, layout)
+    for mine, math_reference in zip(got, want):
+        torch.testing.assert_close(mine, math_reference)
+
+
 def test_a_cache_layout_other_than_the_two_is_refused_at_construction():
     with pytest.raises(OpArgumentError, match="cache_layout must be 'bshd' or 'bhsd'"):
         DecodeAttentionFwdOp(cache_layout="bsdh")
