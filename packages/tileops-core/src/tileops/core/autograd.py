@@ -106,6 +106,8 @@ class Differentiation:
 
     def split_consumed(self, kept: Sequence[Any]) -> tuple[list, tuple]:
         """``kept`` as (what ``save_for_backward`` keeps, the consumed statistics)."""
+        if not self._consumed:  # most ops: every call of a training step comes here
+            return list(kept), ()
         first = len(self._kept_inputs) + len(self._kept_outputs)
         consumed = {first + i for i in self._consumed}
         return [t for i, t in enumerate(kept) if i not in consumed], tuple(kept[i] for i in sorted(consumed))
