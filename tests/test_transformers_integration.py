@@ -649,6 +649,22 @@ def test_on_cuda_the_compiled_patched_model_trains():
         assert_gradients_close(parameter.grad, expected[name].grad, name)
 
 
+def test_the_cpu_training_benchmark_times_every_op_of_a_layer_against_torch():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench_cpu_training.py"
+    spec = importlib.util.spec_from_file_location("bench_cpu_training", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = bench.main(["--tokens", "16", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "96",
+                       "--vocab", "50", "--calls", "1", "--loops", "1"])
+    rows = text.splitlines()[2:]
+    assert [row.split(" (")[0] for row in rows] == [
+        "RMSNorm", "LayerNorm", "SwiGLU", "RoPE q", "attention causal", "cross-entropy"]
+    assert all(float(value) > 0 for row in rows for value in row.split()[-3:])
+
+
 def test_the_end_to_end_benchmark_runs_its_quick_form():
     import importlib.util
     from pathlib import Path

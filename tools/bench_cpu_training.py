@@ -97,7 +97,8 @@ def best_us(steps, calls: int, loops: int) -> list[float]:
     return best
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
+    """Run the benchmark; print the table and return it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512, help="tokens of a step, in two sequences (default 512)")
     parser.add_argument("--hidden", type=int, default=512, help="hidden size (default 512)")
@@ -107,13 +108,18 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=2000, help="vocabulary (default 2000)")
     parser.add_argument("--calls", type=int, default=10, help="steps per timed loop (default 10)")
     parser.add_argument("--loops", type=int, default=15, help="timed loops per side (default 15)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32; microseconds per forward+backward step")
-    print(f"{'op':44s} {'TileOPs':>10s} {'torch':>10s} {'ratio':>7s}")
+    lines = [
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32; microseconds per forward+backward step",
+        f"{'op':44s} {'TileOPs':>10s} {'torch':>10s} {'ratio':>7s}",
+    ]
+    print("\n".join(lines), flush=True)
     for name, mine, theirs in rows(args.tokens, args.hidden, args.heads, args.kv_heads, args.intermediate, args.vocab):
         ours, torchs = best_us([mine, theirs], args.calls, args.loops)
-        print(f"{name:44s} {ours:10.1f} {torchs:10.1f} {ours / torchs:7.2f}")
+        lines.append(f"{name:44s} {ours:10.1f} {torchs:10.1f} {ours / torchs:7.2f}")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
