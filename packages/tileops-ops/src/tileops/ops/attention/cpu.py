@@ -39,6 +39,11 @@ flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
+def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``keep`` (bool) as the flash kernels take a mask: 0 where kept, -inf elsewhere, in ``dtype``."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, -torch.inf)
+
+
 def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -113,8 +118,7 @@ class _Grouped:
         chunks = []
         for start in range(0, s_q, rows):
             stop = min(start + rows, s_q)
-            keep = self.visible(start, stop, s_q, s_k, device)
-            mask = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, -torch.inf)
+            mask = additive_mask(self.visible(start, stop, s_q, s_k, device), dtype)
             chunks.append((slice(start, stop) if rows < s_q else None, mask, False))
         return chunks
 

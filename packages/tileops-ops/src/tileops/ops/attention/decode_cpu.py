@@ -16,7 +16,7 @@ import torch
 
 from tileops.core import Kernel
 
-from .cpu import TorchAttention, flash_forward
+from .cpu import TorchAttention, additive_mask, flash_forward
 from .interfaces import AttentionCall
 from .decode_interfaces import DecodeAttentionCall, DecodeAttentionFwdInterface
 
@@ -104,7 +104,7 @@ def flash_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, key_
     )
     if keys.shape[1] == 0:  # the kernel divides by the key count
         return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, scale, causal, cache_layout)
-    mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, -torch.inf)[:, None]  # (B, 1, S, capacity)
+    mask = additive_mask(seen, q.dtype)[:, None]  # (B, 1, S, capacity)
     o, lse = flash_forward(
         q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), 0.0, False, attn_mask=mask, scale=scale
     )
