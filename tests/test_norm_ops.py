@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -86,7 +87,8 @@ def _record_call_specs(op) -> list:
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
 def test_call_specs_describes_a_call_as_its_forward_builds_the_spec(op_class, aligned):
     """``tileops explain`` asks ``call_specs`` with descriptions of the tensors; the forward builds
-    the spec from the tensors themselves: for every choice of optional inputs both must agree."""
+    the spec from the tensors themselves: for every choice of optional inputs both must agree,
+    and on a GPU a pointer off the 16-byte grid in any vector input makes the call unaligned."""
     from tileops.core.tensor_description import TensorDescription
 
     def tensor(shape):
@@ -104,4 +106,7 @@ def test_call_specs_describes_a_call_as_its_forward_builds_the_spec(op_class, al
         described = {name: TensorDescription(t.device, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in inputs.items()}
         (interface,) = op_class.kernel_interfaces
         assert op.call_specs(torch.device("cpu"), described) == {interface: built[0]}, omitted
-        assert built[0].aligned is aligned
+        # The CPU takes vector loads at any address: its calls do not read the pointers.
+        assert built[0].aligned is True
+        on_gpu = {name: dataclasses.replace(d, device=torch.device("cuda", 0)) for name, d in described.items()}
+        assert op.call_specs(torch.device("cuda", 0), on_gpu)[interface].aligned is aligned, omitted

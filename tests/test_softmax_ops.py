@@ -56,6 +56,18 @@ def test_the_output_dtype_as_torch(op_class, function, given, wanted):
 
 
 @pytest.mark.parametrize(("op_class", "function"), FORWARDS, ids=FORWARD_IDS)
+def test_one_instance_takes_inputs_of_every_dtype_into_one_output_dtype(op_class, function):
+    """The CPU implementation built for a float32 input computes it as it is: an input of
+    another dtype into the same output dtype must not reuse that build."""
+    op = op_class(out_dtype=torch.float32)
+    x = torch.randn(3, 257, dtype=torch.float64) * 5
+    for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.float16):
+        y = op(x.to(dtype))
+        assert y.dtype == torch.float32, dtype
+        torch.testing.assert_close(y, function(x.to(dtype), -1, dtype=torch.float32))
+
+
+@pytest.mark.parametrize(("op_class", "function"), FORWARDS, ids=FORWARD_IDS)
 def test_masked_entries_and_fully_masked_rows_as_torch(op_class, function):
     x = torch.randn(4, 9)
     x[0, :4] = float("-inf")  # a masked prefix

@@ -226,7 +226,7 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         if decl is first:
             w.emit(f"_dev = {t}.device", indent)
         elif decl.cpu:
-            w.emit(f"if {t}.device.type != 'cpu': break", indent)
+            w.emit(f"if not {t}.is_cpu: break", indent)
         else:
             w.emit(f"if {t}.device != _dev: break", indent)
         # An mkldnn tensor says it is contiguous: its layout tells it apart.
@@ -314,7 +314,10 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     w.emit(f"return _check_result(_r, {bound}, 'forward')", 1)
 
     header = ", ".join(f"{decl.name}={'None' if decl.optional else '_ABSENT'}" for decl in entry.inputs)
-    header += ", *_more" + "".join(f", {o}=None" for o in outs) + ", **_extra"
+    # Arguments the entry does not declare make Python's binding raise TypeError, which
+    # ``Op.__call__`` hands to the reference bind (cheaper than collecting *args and **kwargs).
+    if outs:
+        header += ", *" + "".join(f", {o}=None" for o in outs)
     # A tensor of another kind (a sparse CSR one, a nested one) raises from a check: the
     # reference bind names its kind. The try costs nothing on calls that raise nothing.
     source = "\n".join(
@@ -323,7 +326,7 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
             "    _forward, _run_bound, _runs_forward, _differentiate = forward, run_bound, runs_forward, differentiate",
             "    _trusted = not check_results",
             f"    def call_path({header}):",
-            "        while not (_more or _extra):",
+            "        while True:",
             "            try:",
             *["    " + line for line in w.lines[:checks_end]],
             "            except RuntimeError:",

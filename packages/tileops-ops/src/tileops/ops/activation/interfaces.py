@@ -33,7 +33,8 @@ class ActivationCall(CallSpec):
     """The facts of one elementwise activation call that select and build its kernel.
 
     ``aligned`` says that every tensor's data pointer is 16-byte aligned and the element count
-    a multiple of 16 bytes' worth of elements (vectorised kernels need both). The element
+    a multiple of 16 bytes' worth of elements (vectorised kernels need both; always True on
+    the CPU, whose vector loads take any address). The element
     count itself is not part of the spec, so a call of another shape reuses the kernel built.
     """
 

@@ -17,6 +17,7 @@ import torch
 
 from tileops.core import Op
 
+from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS
 from .interfaces import (
     ActivationBwdInterface,
@@ -26,18 +27,6 @@ from .interfaces import (
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
 )
-
-_ALIGNMENT = 16  # bytes; vectorised kernels move 16 bytes per access
-
-
-def _vector_ready(count: int, *tensors) -> bool:
-    """Whether every tensor's data pointer is 16-byte aligned and ``count`` elements (the length
-    of the 1-D tensors, or the packed ops' d) fill whole 16-byte accesses (tensors, or
-    descriptions of them: ``call_specs`` asks it too)."""
-    address = 0
-    for tensor in tensors:
-        address |= tensor.data_ptr()
-    return not address % _ALIGNMENT and not (count * tensors[0].dtype.itemsize) % _ALIGNMENT
 
 
 def _count(tensor) -> int:
@@ -90,10 +79,11 @@ class _ActivationOp(Op):
         (interface,) = self.kernel_interfaces
         tensors = [inputs[t.name] for t in self.manifest_entry().inputs]
         first = tensors[0]
-        return {interface: self.call_spec(interface, device, first.dtype, self._ready(tensors))}
+        return {interface: self.call_spec(interface, device, first.dtype, self._ready(device, tensors))}
 
-    def _ready(self, tensors) -> bool:
-        return _vector_ready(_count(tensors[0]), *tensors)
+    def _ready(self, device, tensors) -> bool:
+        """``vector_ready`` of a call's tensors, which the kernels take as one flat row each."""
+        return vector_ready(device, _count(tensors[0]), tensors[0].dtype, *tensors)
 
     def call_spec(self, interface, device, dtype, aligned):
         """The call spec of ``kernel_for(interface, device, dtype, aligned)``: the function is
@@ -110,7 +100,8 @@ class _UnaryFwdOp(_ActivationOp):
     in_tree_kernels = {ActivationFwdInterface: IMPLEMENTATIONS[ActivationFwdInterface]}
 
     def forward(self, x, *, out=None):
-        kernel = self.kernel_for(ActivationFwdInterface, x.device, x.dtype, _vector_ready(x.numel(), x))
+        device = x.device
+        kernel = self.kernel_for(ActivationFwdInterface, device, x.dtype, vector_ready(device, x.numel(), x.dtype, x))
         if kernel.takes_any_shape:
             return _deliver(kernel.forward(x), None, out)
         return _deliver(kernel.forward(x.view(-1)), x, out)
@@ -121,7 +112,8 @@ class _UnaryBwdOp(_ActivationOp):
     in_tree_kernels = {ActivationBwdInterface: IMPLEMENTATIONS[ActivationBwdInterface]}
 
     def forward(self, dy, x):
-        kernel = self.kernel_for(ActivationBwdInterface, dy.device, dy.dtype, _vector_ready(dy.numel(), dy, x))
+        device = dy.device
+        kernel = self.kernel_for(ActivationBwdInterface, device, dy.dtype, vector_ready(device, dy.numel(), dy.dtype, dy, x))
         if kernel.takes_any_shape:
             return kernel.forward(dy, x)
         return _deliver(kernel.forward(dy.view(-1), x.view(-1)), dy, None)
@@ -132,7 +124,8 @@ class _GatedFwdOp(_ActivationOp):
     in_tree_kernels = {GatedFwdInterface: IMPLEMENTATIONS[GatedFwdInterface]}
 
     def forward(self, gate, up, *, out=None):
-        kernel = self.kernel_for(GatedFwdInterface, gate.device, gate.dtype, _vector_ready(gate.numel(), gate, up))
+        device = gate.device
+        kernel = self.kernel_for(GatedFwdInterface, device, gate.dtype, vector_ready(device, gate.numel(), gate.dtype, gate, up))
         if kernel.takes_any_shape:
             return _deliver(kernel.forward(gate, up), None, out)
         return _deliver(kernel.forward(gate.view(-1), up.view(-1)), gate, out)
@@ -143,7 +136,8 @@ class _GatedBwdOp(_ActivationOp):
     in_tree_kernels = {GatedBwdInterface: IMPLEMENTATIONS[GatedBwdInterface]}
 
     def forward(self, dy, gate, up):
-        kernel = self.kernel_for(GatedBwdInterface, dy.device, dy.dtype, _vector_ready(dy.numel(), dy, gate, up))
+        device = dy.device
+        kernel = self.kernel_for(GatedBwdInterface, device, dy.dtype, vector_ready(device, dy.numel(), dy.dtype, dy, gate, up))
         if kernel.takes_any_shape:
             return kernel.forward(dy, gate, up)
         result = kernel.forward(dy.view(-1), gate.view(-1), up.view(-1))
@@ -153,8 +147,9 @@ class _GatedBwdOp(_ActivationOp):
 
 
 class _PackedOp(_ActivationOp):
-    def _ready(self, tensors) -> bool:
-        return _vector_ready(self.params["d"], *tensors)
+    def _ready(self, device, tensors) -> bool:
+        """``vector_ready`` of a call's tensors, whose rows are d (y) and 2d (x) wide."""
+        return vector_ready(device, self.params["d"], tensors[0].dtype, *tensors)
 
     def call_spec(self, interface, device, dtype, aligned):
         return interface.call_spec(device, dtype, self.activation, self.params["d"], aligned)
@@ -166,7 +161,8 @@ class _PackedFwdOp(_PackedOp):
 
     def forward(self, x, *, out=None):
         d = self.params["d"]
-        kernel = self.kernel_for(PackedGatedFwdInterface, x.device, x.dtype, _vector_ready(d, x))
+        device = x.device
+        kernel = self.kernel_for(PackedGatedFwdInterface, device, x.dtype, vector_ready(device, d, x.dtype, x))
         if kernel.takes_any_shape:
             return _deliver(kernel.forward(x), None, out)
         y = kernel.forward(x.view(-1, 2 * d))
@@ -181,7 +177,8 @@ class _PackedBwdOp(_PackedOp):
 
     def forward(self, dy, x):
         d = self.params["d"]
-        kernel = self.kernel_for(PackedGatedBwdInterface, dy.device, dy.dtype, _vector_ready(d, dy, x))
+        device = dy.device
+        kernel = self.kernel_for(PackedGatedBwdInterface, device, dy.dtype, vector_ready(device, d, dy.dtype, dy, x))
         if kernel.takes_any_shape:
             return kernel.forward(dy, x)
         return _deliver(kernel.forward(dy.view(-1, d), x.view(-1, 2 * d)), x, None)

@@ -16,10 +16,9 @@ from importlib.resources import files
 
 from tileops.core import Op
 
+from ..vector_access import vector_ready
 from .decode_cpu import IMPLEMENTATIONS
 from .decode_interfaces import DecodeAttentionFwdInterface
-
-_ALIGNMENT = 16  # bytes: a bulk (TMA) copy's source address must be a multiple of it
 
 
 class DecodeAttentionFwdOp(Op):
@@ -51,19 +50,21 @@ class DecodeAttentionFwdOp(Op):
             masked, aligned,
         )
 
-    def _fields(self, q, k_cache, v_cache, paged: bool, masked: bool) -> tuple:
+    def _fields(self, device, q, k_cache, v_cache, paged: bool, masked: bool) -> tuple:
         """What ``kernel_for`` takes after the interface and the device, from the call's shapes
-        and the caches' addresses (tensors, or descriptions of them)."""
+        and the caches' addresses (tensors, or descriptions of them): a bulk (TMA) copy's source
+        address must be 16-byte aligned, as a vector access's is."""
         page_size = k_cache.shape[self._positions_at] if paged else 0
-        aligned = not (k_cache.data_ptr() | v_cache.data_ptr()) % _ALIGNMENT
+        aligned = vector_ready(device, 0, q.dtype, k_cache, v_cache)
         return q.dtype, q.shape[2], k_cache.shape[self._heads_at], q.shape[3], q.shape[1], page_size, masked, aligned
 
     def call_specs(self, device, inputs):
         """The call spec a call with ``inputs`` (descriptions) gets, built as ``forward`` builds it."""
-        fields = self._fields(inputs["q"], inputs["k_cache"], inputs["v_cache"], "block_table" in inputs, "key_mask" in inputs)
+        fields = self._fields(device, inputs["q"], inputs["k_cache"], inputs["v_cache"], "block_table" in inputs, "key_mask" in inputs)
         return {DecodeAttentionFwdInterface: self.call_spec(DecodeAttentionFwdInterface, device, *fields)}
 
     def forward(self, q, k_cache, v_cache, cache_seqlens, block_table, key_mask):
-        fields = self._fields(q, k_cache, v_cache, block_table is not None, key_mask is not None)
-        kernel = self.kernel_for(DecodeAttentionFwdInterface, q.device, *fields)
+        device = q.device
+        fields = self._fields(device, q, k_cache, v_cache, block_table is not None, key_mask is not None)
+        kernel = self.kernel_for(DecodeAttentionFwdInterface, device, *fields)
         return kernel.forward(q, k_cache, v_cache, cache_seqlens, block_table, key_mask)

@@ -42,7 +42,8 @@ class DecodeAttentionCall(CallSpec):
     ``scale`` is the value used (1 / sqrt(head_dim) where the op's param is None);
     ``cache_layout`` is ``"bshd"`` (caches (N, L, Hkv, D)) or ``"bhsd"`` ((N, Hkv, L, D));
     ``masked`` says whether the call passes a ``key_mask``; ``aligned`` whether both caches' data
-    pointers are 16-byte aligned (bulk copies of whole tiles need it). The batch,
+    pointers are 16-byte aligned (bulk copies of whole tiles need it; always True on the CPU).
+    The batch,
     the cache's length and the page count are not part of the spec, so that the next decode
     step, another batch or a longer cache reuses the kernel built.
     """

@@ -29,7 +29,7 @@ from .varlen_interfaces import VarlenAttentionBwdInterface, VarlenAttentionFwdIn
 def check_offsets(op_name: str, name: str, cu_seqlens: torch.Tensor, total: int, rows_of: str) -> None:
     """Refuse offsets held on the CPU that do not start at 0, decrease, or end elsewhere than at
     ``total`` (the rows of ``rows_of``); offsets on another device are left to the kernels."""
-    if cu_seqlens.device.type != "cpu":
+    if not cu_seqlens.is_cpu:
         return
     offsets = cu_seqlens.tolist()
     problem = None

@@ -23,6 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..vector_access import vector_ready
 from .cpu import compute_dtype
 from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
 from .ops import _ReducedLossOp, check_targets
@@ -43,8 +44,8 @@ class _LinearLossOp(_ReducedLossOp):
         hidden_states, weight, target_ids = inputs["hidden_states"], inputs["weight"], inputs["target_ids"]
         vocab = weight.shape[0]
         target_dtype = target_ids.dtype if target_ids.dtype in (torch.int64, torch.int32) else torch.int64
-        is_aligned = not (vocab * hidden_states.dtype.itemsize) % 16
-        fields = (device, hidden_states.dtype, vocab, target_dtype, is_aligned)
+        # The chunk's logits: no tensor to read a pointer of; torch allocates them aligned.
+        fields = (device, hidden_states.dtype, vocab, target_dtype, vector_ready(device, vocab, hidden_states.dtype))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
     def chunks(self, hidden_states, weight, bias, target_ids, *, gradients: bool):
@@ -92,7 +93,7 @@ class _LinearLossOp(_ReducedLossOp):
         vocab = logits.shape[-1]
         kernel = self.kernel_for(
             CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, target_ids.dtype,
-            not (logits.data_ptr() % 16 or (vocab * logits.dtype.itemsize) % 16),
+            vector_ready(logits.device, vocab, logits.dtype, logits),
         )
         return kernel.forward(logits, target_ids)
 

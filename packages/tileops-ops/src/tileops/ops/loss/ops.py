@@ -17,20 +17,11 @@ import torch
 
 from tileops.core import Op, OpArgumentError
 
+from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS, capped, compute_dtype
 from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
 
-_ALIGNMENT = 16  # bytes; the vectorised kernels move 16 bytes per access
 MANIFEST = files("tileops.ops") / "manifest" / "loss.yaml"
-
-
-def aligned(vocab: int, *tensors) -> bool:
-    """Whether every tensor's data pointer is 16-byte aligned and a row of ``vocab`` elements is
-    a whole number of 16-byte accesses (tensors, or descriptions of them for ``call_specs``)."""
-    address = 0
-    for tensor in tensors:
-        address |= tensor.data_ptr()
-    return not address % _ALIGNMENT and not (vocab * tensors[0].dtype.itemsize) % _ALIGNMENT
 
 
 def check_targets(op_name: str, target_ids: torch.Tensor, vocab: int, ignore_index: int, losses: torch.Tensor) -> None:
@@ -83,7 +74,7 @@ class _LossOp(Op):
         vocab = logits.shape[-1]
         # A description may give every input the call's float dtype; targets are int64 then.
         target_dtype = target_ids.dtype if target_ids.dtype in (torch.int64, torch.int32) else torch.int64
-        fields = (device, logits.dtype, vocab, target_dtype, aligned(vocab, logits))
+        fields = (device, logits.dtype, vocab, target_dtype, vector_ready(device, vocab, logits.dtype, logits))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
     def rows(self, logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +84,9 @@ class _LossOp(Op):
         if logits.shape[0] == 0:
             empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
             return empty, empty.clone()
+        device = logits.device
         kernel = self.kernel_for(
-            CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, target_ids.dtype, aligned(vocab, logits)
+            CrossEntropyRowsInterface, device, logits.dtype, vocab, target_ids.dtype, vector_ready(device, vocab, logits.dtype, logits)
         )
         return kernel.forward(logits, target_ids)
 
@@ -103,8 +95,10 @@ class _LossOp(Op):
         if logits.shape[0] == 0:
             return dlogits
         vocab = logits.shape[-1]
+        device = logits.device
         kernel = self.kernel_for(
-            CrossEntropyGradInterface, logits.device, logits.dtype, vocab, target_ids.dtype, aligned(vocab, logits, dlogits)
+            CrossEntropyGradInterface, device, logits.dtype, vocab, target_ids.dtype,
+            vector_ready(device, vocab, logits.dtype, logits, dlogits),
         )
         return kernel.forward(logits, target_ids, lse, softmax_scale, target_scale, dlogits)
 

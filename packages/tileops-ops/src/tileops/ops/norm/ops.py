@@ -19,6 +19,7 @@ import torch
 
 from tileops.core import Op, derive_input
 
+from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS
 from .interfaces import (
     FusedAddLayerNormBwdInterface,
@@ -31,29 +32,11 @@ from .interfaces import (
     RMSNormFwdInterface,
 )
 
-_ALIGNMENT = 16  # bytes; vectorised kernels load 16 bytes per thread
-
-
-def _aligned(
-    x: torch.Tensor, a: torch.Tensor | None = None, b: torch.Tensor | None = None, c: torch.Tensor | None = None
-) -> bool:
-    """Whether every given tensor's data pointer is 16-byte aligned (tensors, or descriptions of
-    them: ``call_specs`` asks it too)."""
-    # Spelled out rather than a loop over *tensors: this runs on every call.
-    address = x.data_ptr()
-    if a is not None:
-        address |= a.data_ptr()
-    if b is not None:
-        address |= b.data_ptr()
-    if c is not None:
-        address |= c.data_ptr()
-    return not address % _ALIGNMENT
-
 
 class _NormOp(Op):
     manifest_file = files("tileops.ops") / "manifest" / "norm.yaml"
     #: The inputs whose alignment the call spec's ``aligned`` covers, as each forward passes
-    #: them to ``_aligned``: those kernels read with vector accesses (not the per-row statistics).
+    #: them to ``_select``: those kernels read with vector accesses (not the per-row statistics).
     vector_inputs = ("x", "residual", "weight", "bias")
     # The TileLang kernels, key -> class per interface, imported when an op is first built.
     kernel_tables = ("tileops.kernels.cuda.norm:KERNELS",)
@@ -77,13 +60,20 @@ class _NormOp(Op):
         instance's."""
         return interface.call_spec(device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned)
 
+    def _select(self, interface, has_weight: bool, has_bias: bool, first: torch.Tensor, *vectors: torch.Tensor | None):
+        """The implementation of ``interface`` serving a call whose rows are ``first``'s, with
+        ``first`` and ``vectors`` (this op's ``vector_inputs``, None where not given) read with
+        vector accesses. Norm kernels take any row length: only the addresses count."""
+        device, dtype = first.device, first.dtype
+        return self.kernel_for(interface, device, dtype, has_weight, has_bias, vector_ready(device, 0, dtype, first, *vectors))
+
     def call_specs(self, device, inputs):
         """The call spec a call with ``inputs`` (descriptions, the omitted optional ones absent)
         gets, built from the facts each forward passes ``kernel_for``."""
         (interface,) = self.kernel_interfaces
         has_weight, has_bias = "weight" in inputs, "bias" in inputs
         first = inputs[self.manifest_entry().inputs[0].name]
-        aligned = _aligned(*[inputs[name] for name in self.vector_inputs if name in inputs])
+        aligned = vector_ready(device, 0, first.dtype, *[inputs[name] for name in self.vector_inputs if name in inputs])
         spec = self.call_spec(interface, device, first.dtype, has_weight, has_bias, aligned)
         return {interface: spec}
 
@@ -161,14 +151,14 @@ class RMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, *, out=None):
-        kernel = self.kernel_for(RMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, weight))
+        kernel = self._select(RMSNormFwdInterface, weight is not None, False, x, weight)
         rows = self._rows(x, kernel)
         if rows is x and out is None:
             return kernel.forward(x, weight)
         return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
 
     def forward_saving(self, x, weight=None):
-        kernel = self.kernel_for(RMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, weight))
+        kernel = self._select(RMSNormFwdInterface, weight is not None, False, x, weight)
         rows = self._rows(x, kernel)
         y, saved = kernel.forward_saving(rows, self._vector(weight))
         return self._deliver(y, x, rows, None), self._statistics(x, rows, saved)
@@ -184,18 +174,14 @@ class LayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, bias=None, *, out=None):
-        kernel = self.kernel_for(
-            LayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None, _aligned(x, weight, bias)
-        )
+        kernel = self._select(LayerNormFwdInterface, weight is not None, bias is not None, x, weight, bias)
         rows = self._rows(x, kernel)
         if rows is x and out is None:
             return kernel.forward(x, weight, bias)
         return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
 
     def forward_saving(self, x, weight=None, bias=None):
-        kernel = self.kernel_for(
-            LayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None, _aligned(x, weight, bias)
-        )
+        kernel = self._select(LayerNormFwdInterface, weight is not None, bias is not None, x, weight, bias)
         rows = self._rows(x, kernel)
         y, saved = kernel.forward_saving(rows, self._vector(weight), self._vector(bias))
         return self._deliver(y, x, rows, None), self._statistics(x, rows, saved)
@@ -212,9 +198,7 @@ class FusedAddRMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
-        kernel = self.kernel_for(
-            FusedAddRMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, residual, weight)
-        )
+        kernel = self._select(FusedAddRMSNormFwdInterface, weight is not None, False, x, residual, weight)
         rows = self._rows(x, kernel)
         if rows is x and out is None and residual_out is None:
             return kernel.forward(x, residual, weight)
@@ -222,9 +206,7 @@ class FusedAddRMSNormFwdOp(_NormOp):
         return self._deliver_pair(result, x, rows, out, residual_out)
 
     def forward_saving(self, x, residual, weight=None):
-        kernel = self.kernel_for(
-            FusedAddRMSNormFwdInterface, x.device, x.dtype, weight is not None, False, _aligned(x, residual, weight)
-        )
+        kernel = self._select(FusedAddRMSNormFwdInterface, weight is not None, False, x, residual, weight)
         rows = self._rows(x, kernel)
         result, saved = kernel.forward_saving(rows, self._rows(residual, kernel), self._vector(weight))
         return self._deliver_pair(result, x, rows, None, None), self._statistics(x, rows, saved)
@@ -241,10 +223,7 @@ class FusedAddLayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
-        kernel = self.kernel_for(
-            FusedAddLayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None,
-            _aligned(x, residual, weight, bias),
-        )
+        kernel = self._select(FusedAddLayerNormFwdInterface, weight is not None, bias is not None, x, residual, weight, bias)
         rows = self._rows(x, kernel)
         if rows is x and out is None and residual_out is None:
             return kernel.forward(x, residual, weight, bias)
@@ -252,10 +231,7 @@ class FusedAddLayerNormFwdOp(_NormOp):
         return self._deliver_pair(result, x, rows, out, residual_out)
 
     def forward_saving(self, x, residual, weight=None, bias=None):
-        kernel = self.kernel_for(
-            FusedAddLayerNormFwdInterface, x.device, x.dtype, weight is not None, bias is not None,
-            _aligned(x, residual, weight, bias),
-        )
+        kernel = self._select(FusedAddLayerNormFwdInterface, weight is not None, bias is not None, x, residual, weight, bias)
         rows = self._rows(x, kernel)
         result, saved = kernel.forward_saving(rows, self._rows(residual, kernel), self._vector(weight), self._vector(bias))
         return self._deliver_pair(result, x, rows, None, None), self._statistics(x, rows, saved)
@@ -279,7 +255,7 @@ class RMSNormBwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, dy, x, weight=None, rstd=None):
-        kernel = self.kernel_for(RMSNormBwdInterface, dy.device, dy.dtype, weight is not None, False, _aligned(dy, x, weight))
+        kernel = self._select(RMSNormBwdInterface, weight is not None, False, dy, x, weight)
         if rstd is None:
             rstd = derive_input(self, "rstd", {"dy": dy, "x": x})
         rows = self._rows(dy, kernel)
@@ -299,9 +275,7 @@ class LayerNormBwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, dy, x, weight=None, bias=None, mean=None, rstd=None):
-        kernel = self.kernel_for(
-            LayerNormBwdInterface, dy.device, dy.dtype, weight is not None, bias is not None, _aligned(dy, x, weight)
-        )
+        kernel = self._select(LayerNormBwdInterface, weight is not None, bias is not None, dy, x, weight)
         if mean is None or rstd is None:
             mean, rstd = (derive_input(self, name, {"dy": dy, "x": x}) for name in ("mean", "rstd"))
         rows = self._rows(dy, kernel)
@@ -325,10 +299,7 @@ class FusedAddRMSNormBwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, dy, dresidual_sum, residual_sum, weight=None, rstd=None):
-        kernel = self.kernel_for(
-            FusedAddRMSNormBwdInterface, dy.device, dy.dtype, weight is not None, False,
-            _aligned(dy, dresidual_sum, residual_sum, weight),
-        )
+        kernel = self._select(FusedAddRMSNormBwdInterface, weight is not None, False, dy, dresidual_sum, residual_sum, weight)
         if rstd is None:
             rstd = derive_input(self, "rstd", {"dy": dy, "residual_sum": residual_sum})
         rows = self._rows(dy, kernel)
@@ -352,10 +323,7 @@ class FusedAddLayerNormBwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, dy, dresidual_sum, residual_sum, weight=None, bias=None, mean=None, rstd=None):
-        kernel = self.kernel_for(
-            FusedAddLayerNormBwdInterface, dy.device, dy.dtype, weight is not None, bias is not None,
-            _aligned(dy, dresidual_sum, residual_sum, weight),
-        )
+        kernel = self._select(FusedAddLayerNormBwdInterface, weight is not None, bias is not None, dy, dresidual_sum, residual_sum, weight)
         if mean is None or rstd is None:
             mean, rstd = (derive_input(self, name, {"dy": dy, "residual_sum": residual_sum}) for name in ("mean", "rstd"))
         rows = self._rows(dy, kernel)

@@ -18,19 +18,9 @@ import torch
 
 from tileops.core import Op
 
+from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS
 from .interfaces import RotaryEmbeddingBwdInterface, RotaryEmbeddingFwdInterface, RotaryEmbeddingInplaceInterface
-
-_ALIGNMENT = 16  # bytes; vectorised kernels move 16 bytes per access
-
-
-def _aligned(*tensors) -> bool:
-    """Whether every tensor's data pointer is 16-byte aligned (tensors, or descriptions of them:
-    ``call_specs`` asks it too)."""
-    address = 0
-    for tensor in tensors:
-        address |= tensor.data_ptr()
-    return not address % _ALIGNMENT
 
 
 def _tokens(x: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -76,13 +66,14 @@ class _RopeOp(Op):
         first, second, cos, sin = (inputs[t.name] for t in self.manifest_entry().inputs[:4])
         spec = self.call_spec(
             interface, device, first.dtype, cos.dtype, first.shape[-2], second.shape[-2], first.shape[-1],
-            _aligned(first, second, cos, sin),
+            vector_ready(device, 0, first.dtype, first, second, cos, sin),
         )
         return {interface: spec}
 
     def _rotate(self, interface, x, y, cos, sin, position_ids):
+        device = x.device
         kernel = self.kernel_for(
-            interface, x.device, x.dtype, cos.dtype, x.shape[-2], y.shape[-2], x.shape[-1], _aligned(x, y, cos, sin)
+            interface, device, x.dtype, cos.dtype, x.shape[-2], y.shape[-2], x.shape[-1], vector_ready(device, 0, x.dtype, x, y, cos, sin)
         )
         if kernel.takes_any_shape:
             return kernel.forward(x, y, cos, sin, position_ids)
@@ -130,9 +121,10 @@ class RotaryEmbeddingInplaceFwdOp(_RopeOp):
     in_tree_kernels = {RotaryEmbeddingInplaceInterface: IMPLEMENTATIONS[RotaryEmbeddingInplaceInterface]}
 
     def forward(self, q, k, cos, sin, position_ids):
+        device = q.device
         kernel = self.kernel_for(
-            RotaryEmbeddingInplaceInterface, q.device, q.dtype, cos.dtype, q.shape[-2], k.shape[-2], q.shape[-1],
-            _aligned(q, k, cos, sin),
+            RotaryEmbeddingInplaceInterface, device, q.dtype, cos.dtype, q.shape[-2], k.shape[-2], q.shape[-1],
+            vector_ready(device, 0, q.dtype, q, k, cos, sin),
         )
         kernel.forward(q, k, cos, sin, position_ids)
         return q, k

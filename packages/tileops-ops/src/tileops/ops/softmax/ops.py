@@ -17,20 +17,9 @@ import torch
 
 from tileops.core import Op
 
+from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS
 from .interfaces import SoftmaxBwdInterface, SoftmaxFwdInterface
-
-_ALIGNMENT = 16  # bytes; vectorised kernels move 16 bytes per access
-
-
-def _vector_ready(n: int, dtype: torch.dtype, *tensors) -> bool:
-    """Whether every tensor's data pointer is 16-byte aligned and rows of ``n`` elements of
-    ``dtype`` fill whole 16-byte accesses (tensors, or descriptions of them: ``call_specs``
-    asks it too)."""
-    address = 0
-    for tensor in tensors:
-        address |= tensor.data_ptr()
-    return not address % _ALIGNMENT and not (n * dtype.itemsize) % _ALIGNMENT
 
 
 def _matrix(rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -96,7 +85,7 @@ class _SoftmaxFwdOp(_SoftmaxOp):
         x = inputs["x"]
         moved = self._moved_dim(len(x.shape))
         n = x.shape[-1 if moved is None else moved]
-        aligned = _vector_ready(n, x.dtype) if moved is not None else _vector_ready(n, x.dtype, x)
+        aligned = vector_ready(device, n, x.dtype) if moved is not None else vector_ready(device, n, x.dtype, x)
         out_dtype = self.params["out_dtype"] or x.dtype
         return {SoftmaxFwdInterface: self.call_spec(SoftmaxFwdInterface, device, n, x.dtype, out_dtype, self.log, aligned)}
 
@@ -105,9 +94,8 @@ class _SoftmaxFwdOp(_SoftmaxOp):
         rows = self._rows(x, moved)
         n = rows.shape[-1]
         out_dtype = self.params["out_dtype"] or x.dtype
-        kernel = self.kernel_for(
-            SoftmaxFwdInterface, x.device, n, x.dtype, out_dtype, self.log, _vector_ready(n, x.dtype, rows)
-        )
+        device = x.device
+        kernel = self.kernel_for(SoftmaxFwdInterface, device, n, x.dtype, out_dtype, self.log, vector_ready(device, n, x.dtype, rows))
         return self._deliver(kernel.forward(_matrix(rows, n)), rows, moved, out_dtype, out)
 
 
@@ -120,15 +108,16 @@ class _SoftmaxBwdOp(_SoftmaxOp):
         dy, y = inputs["dy"], inputs["y"]
         moved = self._moved_dim(len(dy.shape))
         n = dy.shape[-1 if moved is None else moved]
-        aligned = _vector_ready(n, dy.dtype) if moved is not None else _vector_ready(n, dy.dtype, dy, y)
+        aligned = vector_ready(device, n, dy.dtype) if moved is not None else vector_ready(device, n, dy.dtype, dy, y)
         return {SoftmaxBwdInterface: self.call_spec(SoftmaxBwdInterface, device, n, dy.dtype, dy.dtype, self.log, aligned)}
 
     def forward(self, dy, y):
         moved = self._moved_dim(dy.dim())
         dy_rows, y_rows = self._rows(dy, moved), self._rows(y, moved)
         n = dy_rows.shape[-1]
+        device = dy.device
         kernel = self.kernel_for(
-            SoftmaxBwdInterface, dy.device, n, dy.dtype, dy.dtype, self.log, _vector_ready(n, dy.dtype, dy_rows, y_rows)
+            SoftmaxBwdInterface, device, n, dy.dtype, dy.dtype, self.log, vector_ready(device, n, dy.dtype, dy_rows, y_rows)
         )
         dx = kernel.forward(_matrix(dy_rows, n), _matrix(y_rows, n))
         return self._deliver(dx, dy_rows, moved, dy.dtype, None)
