@@ -102,6 +102,9 @@ class _Writer:
     def output_shape(self, decl: TensorDecl) -> str:
         if decl.shape_same_as is not None:
             return f"_s_{decl.shape_same_as}"
+        known = decl.shape.known_shape(self.params)
+        if known is not None:  # made once, not on every call (a parameter's gradient: (n,))
+            return self.constant(torch.Size(known))
         parts = []
         for entry in decl.shape.entries:
             if entry.size is not None:
