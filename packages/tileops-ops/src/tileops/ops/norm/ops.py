@@ -63,7 +63,10 @@ class _NormOp(Op):
     def _select(self, interface, has_weight: bool, has_bias: bool, first: torch.Tensor, *vectors: torch.Tensor | None):
         """The implementation of ``interface`` serving a call whose rows are ``first``'s, with
         ``first`` and ``vectors`` (this op's ``vector_inputs``, None where not given) read with
-        vector accesses. Norm kernels take any row length: only the addresses count."""
+        vector accesses. Norm kernels take any row length: only the addresses count.
+
+        The four forward ops spell this and ``_rows`` out on their common path, an inference
+        call's: the two method calls cost 0.22 us of the op layer's 3 us budget on a CPU call."""
         device, dtype = first.device, first.dtype
         return self.kernel_for(interface, device, dtype, has_weight, has_bias, vector_ready(device, 0, dtype, first, *vectors))
 
@@ -151,10 +154,11 @@ class RMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, *, out=None):
-        kernel = self._select(RMSNormFwdInterface, weight is not None, False, x, weight)
-        rows = self._rows(x, kernel)
-        if rows is x and out is None:
+        device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
+        kernel = self.kernel_for(RMSNormFwdInterface, device, dtype, weight is not None, False, vector_ready(device, 0, dtype, x, weight))
+        if out is None and self._one_dim and (kernel.takes_any_shape or x.dim() == 2):
             return kernel.forward(x, weight)
+        rows = self._rows(x, kernel)
         return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
 
     def forward_saving(self, x, weight=None):
@@ -174,10 +178,13 @@ class LayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, bias=None, *, out=None):
-        kernel = self._select(LayerNormFwdInterface, weight is not None, bias is not None, x, weight, bias)
-        rows = self._rows(x, kernel)
-        if rows is x and out is None:
+        device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
+        kernel = self.kernel_for(
+            LayerNormFwdInterface, device, dtype, weight is not None, bias is not None, vector_ready(device, 0, dtype, x, weight, bias)
+        )
+        if out is None and self._one_dim and (kernel.takes_any_shape or x.dim() == 2):
             return kernel.forward(x, weight, bias)
+        rows = self._rows(x, kernel)
         return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
 
     def forward_saving(self, x, weight=None, bias=None):
@@ -198,10 +205,13 @@ class FusedAddRMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
-        kernel = self._select(FusedAddRMSNormFwdInterface, weight is not None, False, x, residual, weight)
-        rows = self._rows(x, kernel)
-        if rows is x and out is None and residual_out is None:
+        device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
+        kernel = self.kernel_for(
+            FusedAddRMSNormFwdInterface, device, dtype, weight is not None, False, vector_ready(device, 0, dtype, x, residual, weight)
+        )
+        if out is None and residual_out is None and self._one_dim and (kernel.takes_any_shape or x.dim() == 2):
             return kernel.forward(x, residual, weight)
+        rows = self._rows(x, kernel)
         result = kernel.forward(rows, self._rows(residual, kernel), self._vector(weight))
         return self._deliver_pair(result, x, rows, out, residual_out)
 
@@ -223,10 +233,14 @@ class FusedAddLayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
-        kernel = self._select(FusedAddLayerNormFwdInterface, weight is not None, bias is not None, x, residual, weight, bias)
-        rows = self._rows(x, kernel)
-        if rows is x and out is None and residual_out is None:
+        device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
+        kernel = self.kernel_for(
+            FusedAddLayerNormFwdInterface, device, dtype, weight is not None, bias is not None,
+            vector_ready(device, 0, dtype, x, residual, weight, bias),
+        )
+        if out is None and residual_out is None and self._one_dim and (kernel.takes_any_shape or x.dim() == 2):
             return kernel.forward(x, residual, weight, bias)
+        rows = self._rows(x, kernel)
         result = kernel.forward(rows, self._rows(residual, kernel), self._vector(weight), self._vector(bias))
         return self._deliver_pair(result, x, rows, out, residual_out)
 
