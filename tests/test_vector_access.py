@@ -1,0 +1,45 @@
+"""The ``aligned`` fact every family's call spec carries (``tileops.ops.vector_access``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileops.core.tensor_description import TensorDescription
+from tileops.ops.vector_access import vector_ready
+
+GPU = torch.device("cuda", 0)
+
+
+def described(address: int, device: torch.device = GPU) -> TensorDescription:
+    return TensorDescription(device, torch.bfloat16, (4, 64), address)
+
+
+@pytest.mark.parametrize(
+    ("row_elements", "addresses", "ready"),
+    [
+        (64, (0, 256), True),
+        (0, (0, 16), True),  # a row length of 0: the kernels take any row length
+        (64, (0, 8), False),  # one pointer off the 16-byte grid
+        (3, (0, 0), False),  # rows of 6 bytes are not whole 16-byte accesses
+        (8, (), True),  # no tensor (a fresh allocation): the row alone decides
+        (7, (), False),
+    ],
+)
+def test_on_a_gpu_every_pointer_and_the_row_length_decide(row_elements, addresses, ready):
+    assert vector_ready(GPU, row_elements, torch.bfloat16, *(described(a) for a in addresses)) is ready
+
+
+def test_optional_inputs_not_given_are_skipped():
+    assert vector_ready(GPU, 0, torch.bfloat16, described(0), None, described(32)) is True
+    assert vector_ready(GPU, 0, torch.bfloat16, None, described(2)) is False
+
+
+def test_on_the_cpu_the_call_is_ready_without_reading_a_pointer():
+    class Unreadable:
+        def data_ptr(self):
+            raise AssertionError("a CPU call read a data pointer")
+
+    assert vector_ready(torch.device("cpu"), 3, torch.bfloat16, Unreadable()) is True
+    view = torch.randn(65)[1:]  # 4 bytes past the allocation's alignment
+    assert view.data_ptr() % 16 and vector_ready(view.device, 64, view.dtype, view) is True
