@@ -113,8 +113,10 @@ class _TorchNorm(Kernel):
         xhat = x * rstd
         g = dy if weight is None else dy * weight
         projection = torch.linalg.vecdot(g, xhat).unsqueeze(-1).div_(self.n)
-        dx = torch.addcmul(g, xhat, projection, value=-1).mul_(rstd)
-        return dx, (dy * xhat).reshape(-1, self.n).sum(0)
+        # Products over temporaries of this function's own where there is one (g, unless it
+        # is the caller's dy; then xhat, once dx has read it): no fresh tensor a step.
+        dx = (torch.addcmul(g, xhat, projection, value=-1) if g is dy else g.addcmul_(xhat, projection, value=-1)).mul_(rstd)
+        return dx, xhat.mul_(dy).reshape(-1, self.n).sum(0)
 
     def _unit_parameters(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A weight of ones and a bias of zeros, (n,) in ``like``'s dtype and on its device, made

@@ -66,7 +66,7 @@ class _TorchRope(Kernel):
         wide = _as(x, c.dtype)
         whole = r == x.shape[-1]
         rotated = wide if whole else wide[..., :r]
-        result = torch.addcmul(rotated * c, self._partner(rotated), t)
+        result = (rotated * c).addcmul_(self._partner(rotated), t)  # over its own temporary: no third tensor
         if not whole:
             result = torch.cat((result, wide[..., r:]), -1)
         return _as(result, x.dtype)
