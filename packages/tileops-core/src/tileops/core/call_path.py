@@ -74,7 +74,13 @@ class _Writer:
             back += widths[i]
             self._check_entry(entries[i], shape_var, -back, indent)
         group = entries[free_at]
-        if group.name is not None:  # '...' binds nothing
+        if group.name is None:  # '...' binds nothing
+            return
+        if offset == 0 and back == 0:
+            # The group is the whole shape: compared as it is (a torch.Size equals the tuple of
+            # its sizes), with no slice to build (0.23 us a tensor).
+            self._bind_or_compare(group.name, f"tuple({shape_var})", indent, compared=shape_var)
+        else:
             self._bind_or_compare(group.name, f"tuple({shape_var}[{offset}:len({shape_var}) - {back}])", indent)
 
     def _check_entry(self, entry: PatternEntry, shape_var: str, index: int, indent: int) -> None:
@@ -91,9 +97,11 @@ class _Writer:
         else:
             self._bind_or_compare(entry.name, f"{shape_var}[{index}]", indent)
 
-    def _bind_or_compare(self, name: str, value: str, indent: int) -> None:
+    def _bind_or_compare(self, name: str, value: str, indent: int, compared: str | None = None) -> None:
+        """Bind dimension ``name`` to ``value``, or, if an earlier input bound it, compare
+        ``compared`` (by default ``value``) with it."""
         if name in self.dims:
-            self.emit(f"if {value} != {self.dims[name]}: break", indent)
+            self.emit(f"if {compared or value} != {self.dims[name]}: break", indent)
         else:
             local = f"_d_{name}"
             self.emit(f"{local} = {value}", indent)
