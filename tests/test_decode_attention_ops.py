@@ -286,9 +286,11 @@ def test_keyword_calls_and_the_call_spec():
     assert spec.aligned is True and spec.masked is False
     del inputs["block_table"]
     assert DecodeAttentionFwdOp(scale=0.5).call_specs(torch.device("cuda", 0), inputs)[DecodeAttentionFwdInterface].page_size == 0
-    # A cache whose address is off the 16-byte grid (a bulk copy's source cannot be) says so.
-    inputs["v_cache"] = TensorDescription(torch.device("cuda", 0), torch.bfloat16, tuple(call[2].shape), 2)
-    assert op.call_specs(torch.device("cuda", 0), inputs)[DecodeAttentionFwdInterface].aligned is False
+    # A cache or a q whose address is off the 16-byte grid (a vector load's cannot be) says so.
+    for name in ("v_cache", "q"):
+        shifted = dict(inputs)
+        shifted[name] = TensorDescription(torch.device("cuda", 0), torch.bfloat16, tuple(inputs[name].shape), 2)
+        assert op.call_specs(torch.device("cuda", 0), shifted)[DecodeAttentionFwdInterface].aligned is False
 
 
 def test_compiles_in_one_graph():

@@ -18,12 +18,14 @@ H200 = (132, 228 * 1024, 65536, 2048)  # multiprocessors; shared memory, registe
 
 
 def test_the_kernels_take_16_bit_calls_with_head_sizes_in_multiples_of_32_up_to_256_and_64_rows():
-    assert policy.refusal(torch.bfloat16, 32, 8, 128, 1) is None
-    assert policy.refusal(torch.float16, 64, 8, 256, 8) is None
-    assert "float16 and bfloat16" in policy.refusal(torch.float32, 32, 8, 128, 1)
-    assert "not 80" in policy.refusal(torch.bfloat16, 32, 8, 80, 1)
-    assert "not 512" in policy.refusal(torch.bfloat16, 32, 8, 512, 1)
-    assert "not 128" in policy.refusal(torch.bfloat16, 64, 8, 128, 16)  # 8 heads x 16 tokens: prefill's
+    assert policy.refusal(torch.bfloat16, 32, 8, 128, 1, True) is None
+    assert policy.refusal(torch.float16, 64, 8, 256, 8, True) is None
+    assert "float16 and bfloat16" in policy.refusal(torch.float32, 32, 8, 128, 1, True)
+    assert "not 80" in policy.refusal(torch.bfloat16, 32, 8, 80, 1, True)
+    assert "not 512" in policy.refusal(torch.bfloat16, 32, 8, 512, 1, True)
+    assert "not 128" in policy.refusal(torch.bfloat16, 64, 8, 128, 16, True)  # 8 heads x 16 tokens: prefill's
+    # Its loads are 16-byte vectors, the guarded ones too: an address off that grid would fault.
+    assert "16-byte aligned" in policy.refusal(torch.bfloat16, 32, 8, 128, 1, False)
     assert [policy.block_rows(hq, hkv, s) for hq, hkv, s in [(32, 8, 1), (64, 8, 1), (64, 8, 3), (8, 8, 1)]] == [16, 16, 32, 16]
 
 
@@ -42,15 +44,14 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
 
 
 def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their_buffers_are_counted():
-    def stages(page_size=0, masked=False, aligned=True, hopper=True, block_m=16, head_dim=128):
-        return policy.stages(page_size, masked, aligned, hopper, block_m, head_dim, 2, H200[1])
+    def stages(page_size=0, masked=False, hopper=True, block_m=16, head_dim=128):
+        return policy.stages(page_size, masked, hopper, block_m, head_dim, 2, H200[1])
 
     assert stages() == policy.STAGES == 3
     assert stages(page_size=256) == stages(page_size=64) == 3
     assert stages(page_size=16) == 0  # pages smaller than a tile are gathered row by row
     assert stages(masked=True) == stages(page_size=256, masked=True) == 0  # hidden positions are not read
     assert stages(hopper=False) == 0  # TMA's pipeline is Hopper's
-    assert stages(aligned=False) == 0  # a bulk copy's source address is a multiple of 16 bytes
     # 64 rows of D 256: three stages would take 232 KiB, over the 227 a block may have.
     assert policy.shared_bytes(64, 256, 2, stages=3) + 1024 > H200[1] and stages(block_m=64, head_dim=256) == 2
     # D = 128, 16 rows: three stages of a key and a value tile, 102 KiB: 2 blocks in 228 KiB.
@@ -175,19 +176,19 @@ def test_heads_first_caches_are_split_by_their_positions_the_third_dimension(lau
     assert attend == "attend-split" and attended[4] is mask and attended[5].shape == (82, 1, 1, 32, 128)
 
 
-def test_gpus_before_hopper_and_unaligned_caches_keep_the_guarded_loads(launches, monkeypatch):
-    assert kernels.TileLangDecodeAttention(_call(aligned=False)).config["stages"] == 0
+def test_gpus_before_hopper_keep_the_guarded_loads(launches, monkeypatch):
     monkeypatch.setattr(kernels, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_80"})
     kernel = kernels.TileLangDecodeAttention(_call())
     assert kernel.config == {"block_n": 64, "threads": 128, "blocks_per_sm": 5, "stages": 0}
 
 
-def test_refusals_leave_float32_and_odd_head_sizes_to_the_plain_torch_implementation():
+def test_refusals_leave_float32_odd_head_sizes_and_unaligned_calls_to_the_plain_torch_implementation():
     assert kernels.TileLangDecodeAttention.refusal(_call()) is None
     odd = DecodeAttentionCall(CUDA, torch.bfloat16, 32, 8, 80, 1, 0, 0.1, True, "bshd", False, True)
     wide = DecodeAttentionCall(CUDA, torch.float32, 32, 8, 128, 1, 0, 0.1, True, "bhsd", True, True)
     assert "not 80" in kernels.TileLangDecodeAttention.refusal(odd)
     assert "float32" in kernels.TileLangDecodeAttention.refusal(wide)
+    assert "16-byte aligned" in kernels.TileLangDecodeAttention.refusal(_call(aligned=False))
 
 
 # -- the compile tier ----------------------------------------------------------------------------

@@ -52,10 +52,10 @@ class DecodeAttentionFwdOp(Op):
 
     def _fields(self, device, q, k_cache, v_cache, paged: bool, masked: bool) -> tuple:
         """What ``kernel_for`` takes after the interface and the device, from the call's shapes
-        and the caches' addresses (tensors, or descriptions of them): a bulk (TMA) copy's source
-        address must be 16-byte aligned, as a vector access's is."""
+        and q's and the caches' addresses (tensors, or descriptions of them): vector loads and bulk
+        (TMA) copies need 16-byte aligned sources."""
         page_size = k_cache.shape[self._positions_at] if paged else 0
-        aligned = vector_ready(device, 0, q.dtype, k_cache, v_cache)
+        aligned = vector_ready(device, 0, q.dtype, q, k_cache, v_cache)
         return q.dtype, q.shape[2], k_cache.shape[self._heads_at], q.shape[3], q.shape[1], page_size, masked, aligned
 
     def call_specs(self, device, inputs):

@@ -41,11 +41,10 @@ class DecodeAttentionCall(CallSpec):
     ``page_size`` is the positions of a page when the call is paged and 0 when it is not;
     ``scale`` is the value used (1 / sqrt(head_dim) where the op's param is None);
     ``cache_layout`` is ``"bshd"`` (caches (N, L, Hkv, D)) or ``"bhsd"`` ((N, Hkv, L, D));
-    ``masked`` says whether the call passes a ``key_mask``; ``aligned`` whether both caches' data
-    pointers are 16-byte aligned (bulk copies of whole tiles need it; always True on the CPU).
-    The batch,
-    the cache's length and the page count are not part of the spec, so that the next decode
-    step, another batch or a longer cache reuses the kernel built.
+    ``masked`` says whether the call passes a ``key_mask``; ``aligned`` whether q's and both
+    caches' data pointers are 16-byte aligned (vector loads and bulk copies need it; always True
+    on the CPU). The batch, the cache's length and the page count are not part of the spec, so
+    that the next decode step, another batch or a longer cache reuses the kernel built.
     """
 
     dtype: torch.dtype

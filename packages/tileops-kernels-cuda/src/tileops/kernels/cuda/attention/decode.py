@@ -51,7 +51,7 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         target = compile_target(call.device)
         block_m = policy.block_rows(call.heads_q, call.heads_kv, call.new_tokens)
         stages = policy.stages(
-            call.page_size, call.masked, call.aligned, target["arch"] == "sm_90", block_m, call.head_dim, itemsize,
+            call.page_size, call.masked, target["arch"] == "sm_90", block_m, call.head_dim, itemsize,
             per_multiprocessor[0],
         )
         per_sm = policy.blocks_per_sm(block_m, call.head_dim, itemsize, *per_multiprocessor, stages=stages)
@@ -75,7 +75,7 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
 
     @classmethod
     def refusal(cls, call: DecodeAttentionCall) -> str | None:
-        return policy.refusal(call.dtype, call.heads_q, call.heads_kv, call.head_dim, call.new_tokens)
+        return policy.refusal(call.dtype, call.heads_q, call.heads_kv, call.head_dim, call.new_tokens, call.aligned)
 
     @classmethod
     def entry_for(cls, call: DecodeAttentionCall):

@@ -59,8 +59,13 @@ BASE_REGISTERS = 48
 MAX_ROWS = 64
 
 
-def refusal(dtype: torch.dtype, heads_q: int, heads_kv: int, head_dim: int, new_tokens: int) -> str | None:
-    """Why the TileLang kernels do not take a call, or None when they do."""
+def refusal(dtype: torch.dtype, heads_q: int, heads_kv: int, head_dim: int, new_tokens: int, aligned: bool) -> str | None:
+    """Why the TileLang kernels do not take a call, or None when they do. Every load of q and of
+    the caches is a 16-byte vector (TileLang vectorises the tiles' copies, the guarded ones too),
+    which an address off the 16-byte grid faults on: such calls are the plain-torch
+    implementation's."""
+    if not aligned:
+        return "takes q and caches whose data pointers are 16-byte aligned (its loads are 16-byte vectors), not others"
     if dtype not in DTYPES:
         return f"takes float16 and bfloat16, not {dtype} (the plain-torch implementation serves it)"
     if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
@@ -81,18 +86,18 @@ def block_rows(heads_q: int, heads_kv: int, new_tokens: int) -> int:
 
 
 def stages(
-    page_size: int, masked: bool, aligned: bool, hopper: bool, block_m: int, head_dim: int, itemsize: int,
+    page_size: int, masked: bool, hopper: bool, block_m: int, head_dim: int, itemsize: int,
     shared_per_sm: int = SHARED_PER_SM,
 ) -> int:
     """The pipeline stages of a call's tiles where a tile can be copied whole: the most, up to
     ``STAGES`` and at least two, whose buffers fit one block's shared memory (what the
     multiprocessor holds less the 1 KiB reserved per block); else 0 (guarded loads). A key mask's
-    hidden positions must not be read, a tile of pages smaller than it is gathered row by row
-    through the block table, and a bulk copy needs caches whose addresses are 16-byte aligned.
+    hidden positions must not be read, and a tile of pages smaller than it is gathered row by row
+    through the block table (the kernels take only aligned caches: ``refusal``).
     Hopper (sm_90) only: there the copies are TMA's, in a warp-specialised pipeline; TileLang
     0.1.15 cannot plan the same loop with the asynchronous copies of earlier GPUs (the last
     tile's values are zeroed in the buffer the copy wrote, a second write it refuses)."""
-    if not hopper or masked or not aligned or page_size % BLOCK_N:
+    if not hopper or masked or page_size % BLOCK_N:
         return 0
     for count in range(STAGES, 1, -1):
         if shared_bytes(block_m, head_dim, itemsize, stages=count) + 1024 <= shared_per_sm:
