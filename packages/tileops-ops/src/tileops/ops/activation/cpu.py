@@ -13,6 +13,7 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import COMPUTE_DTYPES, as_dtype, widened
 from .interfaces import (
     ActivationBwdInterface,
     ActivationCall,
@@ -22,17 +23,6 @@ from .interfaces import (
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
 )
-
-#: The dtypes computed in as they are; 16-bit ones compute in float32.
-_WIDE = (torch.float32, torch.float64)
-
-
-def _wide(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.dtype in _WIDE else tensor.float()
-
-
-def _narrow(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return result if result.dtype is dtype else result.to(dtype)
 
 
 #: Each activation as torch's own function, picked once per kernel rather than per call, and
@@ -75,16 +65,16 @@ class _TorchActivation(Kernel):
     def gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """``act(gate) * up`` in gate's dtype, computed in float32 for 16-bit dtypes (up has
         gate's dtype: the signature checked it)."""
-        if gate.dtype in _WIDE:
+        if gate.dtype in COMPUTE_DTYPES:
             return self.activate(gate).mul_(up)
         return self.activate(gate.float()).mul_(up).to(gate.dtype)
 
     def gated_gradients(self, dy, gate, up):
-        dy_w, gate_w = _wide(dy), _wide(gate)
+        dy_w, gate_w = widened(dy), widened(gate)
         product = dy_w * up  # in the compute dtype: dy_w is float32 or float64
         dgate = activate_backward(product, gate_w, self.activation, into=product)
         dup = self.activate(gate_w).mul_(dy_w)
-        return _narrow(dgate, dy.dtype), _narrow(dup, dy.dtype)
+        return as_dtype(dgate, dy.dtype), as_dtype(dup, dy.dtype)
 
     @classmethod
     def entry_for(cls, call: ActivationCall):
@@ -93,12 +83,12 @@ class _TorchActivation(Kernel):
 
 class TorchCpuActivation(_TorchActivation, ActivationFwdInterface):
     def forward(self, x):
-        return _narrow(self.activate(_wide(x)), x.dtype)
+        return as_dtype(self.activate(widened(x)), x.dtype)
 
 
 class TorchCpuActivationBwd(_TorchActivation, ActivationBwdInterface):
     def forward(self, dy, x):
-        return _narrow(activate_backward(_wide(dy), _wide(x), self.activation), dy.dtype)
+        return as_dtype(activate_backward(widened(dy), widened(x), self.activation), dy.dtype)
 
 
 class TorchCpuGated(_TorchActivation, GatedFwdInterface):

@@ -25,6 +25,7 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import compute_dtype
 from .interfaces import AttentionBwdInterface, AttentionCall, AttentionFwdInterface
 
 #: The most bytes one chunk of query rows' scores (and each of their same-sized temporaries) may
@@ -44,10 +45,6 @@ def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, -torch.inf)
 
 
-def _wide(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 class _Grouped:
     """The call's tensors as (B, H_kv, group, S, D) (q-shaped) and (B, H_kv, 1, S, D) (k-shaped)
     views in the compute dtype, and the way back to the call's layout."""
@@ -61,17 +58,17 @@ class _Grouped:
 
     def queries(self, tensor: torch.Tensor) -> torch.Tensor:
         """A q-shaped tensor as (B, H_kv, group, S_q, D), computed wide."""
-        t = self.heads_first(tensor).to(_wide(self.call.dtype))
+        t = self.heads_first(tensor).to(compute_dtype(self.call.dtype))
         return t.unflatten(1, (self.call.heads_kv, self.group))
 
     def rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """An lse-shaped tensor (q's middle dimensions swapped: (B, H_q, S_q) in 'bshd') as
         (B, H_kv, group, S_q), computed wide."""
         t = tensor if self.call.layout == "bshd" else tensor.transpose(1, 2)
-        return t.to(_wide(self.call.dtype)).unflatten(1, (self.call.heads_kv, self.group))
+        return t.to(compute_dtype(self.call.dtype)).unflatten(1, (self.call.heads_kv, self.group))
 
     def keys(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.heads_first(tensor).to(_wide(self.call.dtype)).unsqueeze(2)
+        return self.heads_first(tensor).to(compute_dtype(self.call.dtype)).unsqueeze(2)
 
     def back(self, grouped: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """A (B, H_kv, group, S, D) result in the call's layout, contiguous, in ``dtype``."""
@@ -85,7 +82,7 @@ class _Grouped:
 
     def chunks(self, batch: int, s_q: int, s_k: int):
         """(start, stop) of the chunks of query rows, each within SCORE_BYTES of scores."""
-        row_bytes = max(1, batch * self.call.heads_q * s_k * torch.finfo(_wide(self.call.dtype)).bits // 8)
+        row_bytes = max(1, batch * self.call.heads_q * s_k * torch.finfo(compute_dtype(self.call.dtype)).bits // 8)
         rows = max(1, SCORE_BYTES // row_bytes)
         return [(start, min(start + rows, s_q)) for start in range(0, s_q, rows)]
 
@@ -238,7 +235,7 @@ class TorchAttentionBwd(MathAttentionBwd):
         s_q, s_k = qh.shape[2], kh.shape[2]
         if (dlse is not None and dlse.any()) or qh.numel() == 0 or kh.numel() == 0:
             return super().forward(do, q, k, v, o, lse, dlse)
-        wide = _wide(q.dtype)
+        wide = compute_dtype(q.dtype)
         heads = lse if g.call.layout == "bshd" else lse.transpose(1, 2)
         # The kernel's own forward gives a row that sees no key lse 0, and reads it back so.
         heads = torch.where(heads == -torch.inf, 0.0, heads).to(wide)

@@ -16,6 +16,7 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import compute_dtype
 from .cpu import TorchAttention, additive_mask, flash_forward
 from .interfaces import AttentionCall
 from .decode_interfaces import DecodeAttentionCall, DecodeAttentionFwdInterface
@@ -73,7 +74,7 @@ def decode_attention(
     cache_layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of the interface's math (see ``decode_interfaces``)."""
-    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    wide = compute_dtype(q.dtype)
     heads_q = q.shape[2]
     keys, values, seen = _visible_caches(q, k_cache, v_cache, cache_seqlens, block_table, key_mask, causal, cache_layout)
     heads_kv = keys.shape[2]

@@ -23,13 +23,10 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import compute_dtype
 from .cpu import SCORE_BYTES, TorchAttention, TorchAttentionBwd
 from .interfaces import AttentionCall
 from .varlen_interfaces import VarlenAttentionBwdInterface, VarlenAttentionCall, VarlenAttentionFwdInterface
-
-
-def _wide(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def packed_rows(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +49,7 @@ class _Packed:
         lengths_q, lengths_k = cu_seqlens_q.long().diff(), cu_seqlens_k.long().diff()
         # Each query row's position on its sequence's key axis (bottom-right aligned).
         self.q_pos = q_pos + (lengths_k - lengths_q)[self.q_seq]
-        width = max(1, call.heads_q * total_k * torch.finfo(_wide(call.dtype)).bits // 8)
+        width = max(1, call.heads_q * total_k * torch.finfo(compute_dtype(call.dtype)).bits // 8)
         step = max(1, SCORE_BYTES // width)
         self.chunks = [(start, min(start + step, total_q)) for start in range(0, total_q, step)]
 
@@ -68,15 +65,15 @@ class _Packed:
 
     def queries(self, tensor: torch.Tensor) -> torch.Tensor:
         """A q-shaped (T_q, H, D) tensor as (HK, group, T_q, D), wide."""
-        return tensor.to(_wide(self.call.dtype)).unflatten(1, (self.call.heads_kv, self.group)).permute(1, 2, 0, 3)
+        return tensor.to(compute_dtype(self.call.dtype)).unflatten(1, (self.call.heads_kv, self.group)).permute(1, 2, 0, 3)
 
     def keys(self, tensor: torch.Tensor) -> torch.Tensor:
         """A k-shaped (T_k, HK, D) tensor as (HK, 1, T_k, D), wide."""
-        return tensor.to(_wide(self.call.dtype)).transpose(0, 1).unsqueeze(1)
+        return tensor.to(compute_dtype(self.call.dtype)).transpose(0, 1).unsqueeze(1)
 
     def rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """An lse-shaped (H, T_q) tensor as (HK, group, T_q), wide."""
-        return tensor.to(_wide(self.call.dtype)).unflatten(0, (self.call.heads_kv, self.group))
+        return tensor.to(compute_dtype(self.call.dtype)).unflatten(0, (self.call.heads_kv, self.group))
 
     @staticmethod
     def back(grouped: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

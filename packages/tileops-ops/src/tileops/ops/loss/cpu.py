@@ -13,12 +13,8 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import compute_dtype
 from .interfaces import CrossEntropyCall, CrossEntropyGradInterface, CrossEntropyRowsInterface
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the rows are computed in: float64 for float64 logits, float32 otherwise."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:

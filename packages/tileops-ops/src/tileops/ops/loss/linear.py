@@ -23,8 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..compute_dtypes import compute_dtype
 from ..vector_access import vector_ready
-from .cpu import compute_dtype
 from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
 from .ops import _ReducedLossOp, check_targets
 

@@ -17,8 +17,9 @@ import torch
 
 from tileops.core import Op, OpArgumentError
 
+from ..compute_dtypes import compute_dtype
 from ..vector_access import vector_ready
-from .cpu import IMPLEMENTATIONS, capped, compute_dtype
+from .cpu import IMPLEMENTATIONS, capped
 from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
 
 MANIFEST = files("tileops.ops") / "manifest" / "loss.yaml"

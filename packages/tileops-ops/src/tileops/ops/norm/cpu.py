@@ -14,6 +14,7 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import COMPUTE_DTYPES, as_dtype, widened
 from .interfaces import (
     FusedAddLayerNormBwdInterface,
     FusedAddLayerNormFwdInterface,
@@ -25,24 +26,6 @@ from .interfaces import (
     RMSNormBwdInterface,
     RMSNormFwdInterface,
 )
-
-
-#: The dtypes computed in as they are; 16-bit ones accumulate in float32.
-_WIDE = (torch.float32, torch.float64)
-
-
-def _wide(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """``tensor`` in the accumulation dtype. A float32 or float64 tensor is returned without a
-    call into torch: on a small CPU call each ``.float()`` costs about 0.7 us, as much as the
-    op layer's checks."""
-    if tensor is None or tensor.dtype in _WIDE:
-        return tensor
-    return tensor.float()
-
-
-def _narrow(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``result`` rounded to ``dtype`` (no call into torch where it already has it)."""
-    return result if result.dtype is dtype else result.to(dtype)
 
 
 class _TorchNorm(Kernel):
@@ -66,31 +49,31 @@ class _TorchNorm(Kernel):
         # dispatch torch.rms_norm adds: on a (1, 4096) CPU call it takes 1.3 us less than
         # F.rms_norm, which keeps the op within its overhead budget over F.rms_norm. (Its rstd
         # is not squeezed here: a view costs about 1 us on such a call.)
-        if x.dtype in _WIDE:  # weight has x's dtype (the signature checked it)
+        if x.dtype in COMPUTE_DTYPES:  # weight has x's dtype (the signature checked it)
             return torch._fused_rms_norm(x, self.shape, weight, self.eps)[0]
-        return _narrow(torch._fused_rms_norm(x.float(), self.shape, _wide(weight), self.eps)[0], x.dtype)
+        return as_dtype(torch._fused_rms_norm(x.float(), self.shape, widened(weight), self.eps)[0], x.dtype)
 
     def _layer_y(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
         # torch.layer_norm is what F.layer_norm calls after its own Python checks, which cost
         # 0.8 us of its 4.6 us on a (2, 64) CPU input; the signature has checked the arguments.
-        if x.dtype in _WIDE:  # weight and bias have x's dtype (the signature checked it)
+        if x.dtype in COMPUTE_DTYPES:  # weight and bias have x's dtype (the signature checked it)
             return torch.layer_norm(x, self.shape, weight, bias, self.eps)
-        return _narrow(torch.layer_norm(_wide(x), self.shape, _wide(weight), _wide(bias), self.eps), x.dtype)
+        return as_dtype(torch.layer_norm(widened(x), self.shape, widened(weight), widened(bias), self.eps), x.dtype)
 
     # -- forward: (y, statistics) --------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor | None):
-        y, rstd = torch._fused_rms_norm(_wide(x), self.shape, _wide(weight), self.eps)
-        return _narrow(y, x.dtype), (rstd.squeeze(-1),)  # its rstd keeps the normalised dimension
+        y, rstd = torch._fused_rms_norm(widened(x), self.shape, widened(weight), self.eps)
+        return as_dtype(y, x.dtype), (rstd.squeeze(-1),)  # its rstd keeps the normalised dimension
 
     def _layer(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None):
-        y, mean, rstd = torch.native_layer_norm(_wide(x), (self.n,), _wide(weight), _wide(bias), self.eps)
-        return _narrow(y, x.dtype), (mean.squeeze(-1), rstd.squeeze(-1))
+        y, mean, rstd = torch.native_layer_norm(widened(x), (self.n,), widened(weight), widened(bias), self.eps)
+        return as_dtype(y, x.dtype), (mean.squeeze(-1), rstd.squeeze(-1))
 
     # -- backward --------------------------------------------------------------------------
     def _gradients(self, dy, x, weight, mean, rstd, dresidual=None):
         """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias; mean None for RMSNorm,
         whose dbias is None."""
-        dy_w, x_w, weight_w, rstd = _wide(dy), _wide(x), _wide(weight), rstd.unsqueeze(-1)
+        dy_w, x_w, weight_w, rstd = widened(dy), widened(x), widened(weight), rstd.unsqueeze(-1)
         if mean is None:
             dx, dweight, dbias = *self._rms_gradients(dy_w, x_w, weight_w, rstd), None
         else:
@@ -105,7 +88,7 @@ class _TorchNorm(Kernel):
         if dresidual is not None:
             dx = dx.add_(dresidual)  # dx is the kernel's own, in the compute dtype
         dtype = dy.dtype
-        return _narrow(dx, dtype), _narrow(dweight, dtype), None if dbias is None else _narrow(dbias, dtype)
+        return as_dtype(dx, dtype), as_dtype(dweight, dtype), None if dbias is None else as_dtype(dbias, dtype)
 
     def _rms_gradients(self, dy, x, weight, rstd):
         """(dx, dweight) of y = x * rstd * weight, in as few passes as torch allows (torch has no

@@ -13,17 +13,13 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import as_dtype
 from .interfaces import (
     RopeCall,
     RotaryEmbeddingBwdInterface,
     RotaryEmbeddingFwdInterface,
     RotaryEmbeddingInplaceInterface,
 )
-
-
-def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``tensor`` in ``dtype`` (no call into torch where it already has it: 1 us a call)."""
-    return tensor if tensor.dtype is dtype else tensor.to(dtype)
 
 
 class _TorchRope(Kernel):
@@ -63,23 +59,23 @@ class _TorchRope(Kernel):
 
     def _apply(self, x: torch.Tensor, c: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim
-        wide = _as(x, c.dtype)
+        wide = as_dtype(x, c.dtype)
         whole = r == x.shape[-1]
         rotated = wide if whole else wide[..., :r]
         result = (rotated * c).addcmul_(self._partner(rotated), t)  # over its own temporary: no third tensor
         if not whole:
             result = torch.cat((result, wide[..., r:]), -1)
-        return _as(result, x.dtype)
+        return as_dtype(result, x.dtype)
 
     def _both(self, x, y, cos, sin, position_ids):
         # No autograd history to keep out: the op's autograd node runs this with grad off, and
         # an untracked call has no input that requires grad.
         dtype = torch.float64 if torch.float64 in (x.dtype, cos.dtype) else torch.float32
-        c = _as(cos[position_ids], dtype).unsqueeze(-2)  # (T, 1, R): one row per token, every head
+        c = as_dtype(cos[position_ids], dtype).unsqueeze(-2)  # (T, 1, R): one row per token, every head
         signs = self._signs[dtype]
         if signs.device != c.device:
             signs = self._signs[dtype] = signs.to(c.device)
-        t = _as(sin[position_ids], dtype).unsqueeze(-2) * signs
+        t = as_dtype(sin[position_ids], dtype).unsqueeze(-2) * signs
         if self.inverse:
             t = self._partner(t)
         return self._apply(x, c, t), self._apply(y, c, t)

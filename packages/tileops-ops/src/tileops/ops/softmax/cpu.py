@@ -14,18 +14,8 @@ import torch
 
 from tileops.core import Kernel
 
+from ..compute_dtypes import COMPUTE_DTYPES, as_dtype, widened
 from .interfaces import SoftmaxBwdInterface, SoftmaxCall, SoftmaxFwdInterface
-
-#: The dtypes computed in as they are; 16-bit ones compute in float32.
-_WIDE = (torch.float32, torch.float64)
-
-
-def _wide(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.dtype in _WIDE else tensor.float()
-
-
-def _narrow(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return result if result.dtype is dtype else result.to(dtype)
 
 
 class _TorchSoftmax(Kernel):
@@ -38,7 +28,7 @@ class _TorchSoftmax(Kernel):
         self.function = torch.log_softmax if call.log else torch.softmax
         # A float32 or float64 call into its own dtype computes as it is: no dtype to test or
         # convert (0.3 us of a 2.6 us CPU call on a short row).
-        self.as_is = call.dtype is call.out_dtype and call.dtype in _WIDE
+        self.as_is = call.dtype is call.out_dtype and call.dtype in COMPUTE_DTYPES
 
     @classmethod
     def entry_for(cls, call: SoftmaxCall):
@@ -50,8 +40,8 @@ class TorchCpuSoftmax(_TorchSoftmax, SoftmaxFwdInterface):
         if self.as_is:
             return self.function(x, -1)
         # x in y's dtype first (torch's order: a narrower dtype rounds x), then widened to compute.
-        wide = _wide(_narrow(x, self.out_dtype))
-        return _narrow(self.function(wide, -1), self.out_dtype)
+        wide = widened(as_dtype(x, self.out_dtype))
+        return as_dtype(self.function(wide, -1), self.out_dtype)
 
 
 class TorchCpuSoftmaxBwd(_TorchSoftmax, SoftmaxBwdInterface):
@@ -59,9 +49,9 @@ class TorchCpuSoftmaxBwd(_TorchSoftmax, SoftmaxBwdInterface):
         # torch's own backward kernels: dx = y * (dy - sum(dy * y)) (softmax) and dx = dy -
         # exp(y) * sum(dy) (log-softmax) in one pass, where the formulas' elementwise ops took
         # 2.8 and 3.5 ms on (512, 2000) float32 (76 and 210 us this way).
-        dy_w, y_w = _wide(dy), _wide(y)
+        dy_w, y_w = widened(dy), widened(y)
         backward = torch._log_softmax_backward_data if self.log else torch._softmax_backward_data
-        return _narrow(backward(dy_w, y_w, -1, dy_w.dtype), dy.dtype)
+        return as_dtype(backward(dy_w, y_w, -1, dy_w.dtype), dy.dtype)
 
 
 class _Float64OnCuda:
