@@ -60,26 +60,55 @@ def test_launch_rules_fit_the_hardware_for_every_length(kind, dtype):
                 assert 1 <= programs.blocks_per_sm(kind, dtype, config) <= 2048 // (tpr * rows)
 
 
-def test_the_next_row_is_loaded_ahead_where_it_costs_no_block_and_a_fused_row_fills_its_block():
+def test_the_next_row_is_loaded_ahead_where_it_costs_no_block():
     def config(kind, n, dtype=torch.bfloat16):
         return programs.launch_config(kind, "register", n, dtype)
 
     assert config("rms_norm", 4096)["prefetch"] and config("rms_norm", 8192)["prefetch"]
     assert config("add_rms_norm", 4096)["prefetch"] and config("add_layer_norm", 7168)["prefetch"]
     assert not config("layer_norm", 4096)["prefetch"]  # its two column sums fill the registers
-    assert not config("add_rms_norm", 2048)["prefetch"]  # two slots per block
+    assert not config("add_layer_norm", 2560)["prefetch"]  # the same, at two vectors per thread
     for dtype in DTYPES:
         for n in LENGTHS:
-            for kind in KINDS:
+            for kind in ("rms_norm", "layer_norm"):
                 if "register" not in _served_by(kind, n, dtype):
                     continue
                 chosen = config(kind, n, dtype)
-                assert not (chosen["prefetch"] and kind.startswith("add_") and chosen["rows"] > 1), (kind, n)
                 without = {**chosen, "prefetch": False}
                 if chosen["prefetch"]:
                     assert programs.blocks_per_sm(kind, dtype, chosen) == programs.blocks_per_sm(kind, dtype, without)
     assert all(not programs.launch_config("rms_norm", variant, 4096, torch.bfloat16).get("prefetch")
                for variant in ("streamed", "scalar"))
+
+
+def test_fused_kinds_take_the_vectors_per_thread_that_leave_the_fewest_lanes_idle():
+    def shape(kind, n, dtype=torch.bfloat16):
+        config = programs.launch_config(kind, "register", n, dtype)
+        return config["tpr"], config["unroll"], config["acc"], config["prefetch"]
+
+    # bf16 rows of 96 vectors: 32 threads of three leave none idle; 128 of one would leave 32.
+    assert shape("add_rms_norm", 768) == (32, 3, "register", True)
+    assert shape("add_rms_norm", 2048) == (256, 1, "register", True)
+    assert shape("add_rms_norm", 1536) == (64, 3, "register", True)
+    # Four vectors a thread would put add_layer_norm's two column sums in shared memory.
+    assert shape("add_layer_norm", 1536) == (256, 1, "register", True)
+    assert shape("add_layer_norm", 2560) == (256, 2, "register", False)
+    # Rows too long for 256 threads of four vectors keep the default two vectors per thread.
+    assert shape("add_rms_norm", 8192) == (512, 2, "shared", True)
+    for kind in ("add_rms_norm", "add_layer_norm"):
+        for dtype in DTYPES:
+            row_vectors = {n: n * dtype.itemsize // 16 for n in LENGTHS}
+            for n in LENGTHS:
+                if "register" not in _served_by(kind, n, dtype):
+                    continue
+                chosen = programs.launch_config(kind, "register", n, dtype)
+                if chosen["tpr"] > programs.BLOCK_THREADS or chosen["acc"] != "register":
+                    continue  # no candidate fits: the default two vectors
+                idle = chosen["tpr"] * chosen["unroll"] - row_vectors[n]
+                for vectors in (1, 2, 4):
+                    other = programs.launch_config(kind, "register", n, dtype, vectors=vectors)
+                    if other["tpr"] <= programs.BLOCK_THREADS and other["acc"] == "register":
+                        assert idle <= other["tpr"] * other["unroll"] - row_vectors[n], (kind, dtype, n, vectors)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -124,10 +153,12 @@ print("compiled", kind, variant, n, config["acc"])
 
 # One build per kernel kind, each in another mode (CI has two cores): registers with the sums in
 # registers and in shared memory (both loading the next row ahead, the fused one its
-# dresidual_sum early too), the 16-byte streamed mode and the element-wise one.
+# dresidual_sum early too), the fused rule's several rows a block of three vectors a thread with
+# the next rows ahead, the 16-byte streamed mode and the element-wise one.
 CASES = [
     ("rms_norm", "register", 4096, "bfloat16"),
     ("add_layer_norm", "register", 7168, "bfloat16"),
+    ("add_rms_norm", "register", 1536, "float16"),
     ("add_rms_norm", "streamed", 65536, "float16"),
     ("layer_norm", "scalar", 1001, "float32"),
 ]

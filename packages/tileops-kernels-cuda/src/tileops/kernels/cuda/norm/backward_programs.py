@@ -20,7 +20,8 @@ Modes of the row kernel (``launch_config``):
   registers, or in shared memory where the register file cannot hold them (``_accumulators``).
   With ``prefetch`` a thread loads its slice of its slot's next row while it reduces and
   writes the current one, and the fused kinds load the row's dresidual_sum before reducing it
-  (``_prefetches`` says where).
+  (``_prefetches`` says where; for the fused kinds, ``_fused_vectors`` picks the vectors per
+  thread and the prefetch together).
 * ``streamed``: any row length; x and dy are read again for dx (from L1/L2, the row was just
   read), and each slot adds its column sums into its own partial row in global memory at each
   row. With 16-byte vectors for long aligned rows, element-wise (vec = 1) for every length and
@@ -108,21 +109,63 @@ def _registers(kind: str, dtype: torch.dtype, columns: int, acc: str, prefetch: 
 def _prefetches(kind: str, dtype: torch.dtype, columns: int, threads: int, rows: int, acc: str) -> bool:
     """Whether the register mode loads a slot's next row ahead (and, for the fused kinds, the
     row's dresidual_sum before its reduction): where the buffers cost no block of the SM's
-    register budget and, for the fused kinds, where a row fills its block (``rows`` slots per
-    block: 1). A slot otherwise waits for each row's loads after writing the last one's dx, so
-    its SM has no loads in flight while it reduces.
+    register budget and, for the fused kinds at the default two vectors per thread, where a row
+    fills its block (``rows`` slots per block: 1). A slot otherwise waits for each row's loads
+    after writing the last one's dx, so its SM has no loads in flight while it reduces.
 
     H200, bf16, % of the copy bandwidth without -> with: rms_norm 72 -> 87 on 8192 x 4096,
     75 -> 89 on 32768 x 2048; add_rms_norm 76 -> 84 on 8192 x 4096, 65 -> 81 on 16384 x 7168,
     51 -> 61 on 4096 x 5120; add_layer_norm 59 -> 69 on 16384 x 7168. Where the buffers took a
     block they lost: layer_norm 64 -> 44 on 8192 x 4096 (its two column sums in registers),
-    add_layer_norm 72 -> 60 there. The fused kinds with several slots per block lost too,
-    though the registers estimate kept their blocks (add_rms_norm 78 -> 74 on 32768 x 2048,
-    64 -> 56 on 16384 x 1024; not understood: rms_norm gained on the same blocks)."""
+    add_layer_norm 72 -> 60 there. The fused kinds with several slots per block of two vectors
+    each lost too, though the registers estimate kept their blocks (add_rms_norm 78 -> 74 on
+    32768 x 2048, 64 -> 56 on 16384 x 1024; not understood: rms_norm gained on the same blocks,
+    and the fused kinds at one or four vectors per thread, ``_fused_vectors``, gain)."""
     if kind.startswith("add_") and rows > 1:
         return False
+    return _prefetch_keeps_blocks(kind, dtype, columns, threads, acc)
+
+
+def _prefetch_keeps_blocks(kind: str, dtype: torch.dtype, columns: int, threads: int, acc: str) -> bool:
+    """Whether the registers estimate fits as many blocks per SM with the next row's buffers as
+    without them."""
     fit = [REGISTER_FILE // (threads * _registers(kind, dtype, columns, acc, prefetch)) for prefetch in (False, True)]
     return fit[1] >= fit[0]
+
+
+def _fused_vectors(kind: str, n: int, dtype: torch.dtype) -> dict | None:
+    """The fused kinds' register-mode configuration, or None where no candidate qualifies (long
+    rows: then the default two vectors): of one, two or four 16-byte vectors per thread, the count that
+    leaves the fewest lanes idle (threads x vectors past the row's vectors) with at most
+    ``BLOCK_THREADS`` threads a row and the column sums in registers, the fewer vectors on a
+    tie; the next row prefetched, for add_rms_norm always, for add_layer_norm where the registers
+    estimate keeps the blocks (``_prefetch_keeps_blocks``).
+
+    Why, measured (% of the copy bandwidth, default two vectors -> this rule): H200 bf16,
+    add_rms_norm 32768 x 2048 78 -> 87, 16384 x 1024 64 -> 76, 65536 x 768 59 -> 80, 4096 x 5120
+    61 -> 63; add_layer_norm 32768 x 2048 76 -> 85, 16384 x 1024 55 -> 72. H100 fp16 on rows the
+    first table did not hold: add_rms_norm 16384 x 1536 71 -> 86, 8192 x 2560 83 -> 85, 8192 x
+    3072 88 -> 91, 16384 x 896 67 -> 73; add_layer_norm 16384 x 1536 68 -> 72, 16384 x 896 57 ->
+    69; the best configuration measured on each of those rows. A lane with no vector idles
+    through the row's loads; more threads than 256 a row, or column sums in shared memory, cost
+    more than the idle lanes (add_layer_norm at four vectors, its two sums in shared memory:
+    38-45 %). Prefetch lost for add_layer_norm where the estimate said it costs a block (8192 x
+    2560 64 -> 59, 8192 x 3072 69 -> 64, H100 fp16) and won for add_rms_norm where it said so too
+    (16384 x 1536 at four vectors 67 -> 86, H100 fp16), whose one column sum leaves it more
+    registers (the estimate's count for it is not checked against ptxas)."""
+    row_vectors = max(1, n * dtype.itemsize // VECTOR_BYTES)
+    best, best_key = None, None
+    for vectors in (1, 2, 4):
+        config = launch_config(kind, "register", n, dtype, vectors=vectors)
+        threads = config["tpr"]
+        if threads > BLOCK_THREADS or config["acc"] != "register":
+            continue
+        key = (threads * config["unroll"] - row_vectors, vectors)
+        if best_key is None or key < best_key:
+            columns = config["unroll"] * config["vec"]
+            keeps = _prefetch_keeps_blocks(kind, dtype, columns, threads * config["rows"], "register")
+            best, best_key = {**config, "prefetch": kind == "add_rms_norm" or keeps}, key
+    return best
 
 
 def _accumulators(kind: str, dtype: torch.dtype, columns: int, threads: int) -> str | None:
@@ -137,20 +180,25 @@ def _accumulators(kind: str, dtype: torch.dtype, columns: int, threads: int) -> 
     return None
 
 
-def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype, vectors: int = 2) -> dict:
+def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype, vectors: int | None = None) -> dict:
     """The row kernel's launch configuration: vec (elements per access), tpr (threads per row,
     a power of two), rows (row slots per block), mode, acc (register mode: where the column sums
     live), unroll (vectors per thread: all of them in the register mode, those in flight per step
     in the streamed one), prefetch (register mode: the next row loaded ahead). ``vectors``: the
-    register mode's vectors per thread where the row has enough of them for 1024 threads
-    (default two, as the forward's rms_norm)."""
+    register mode's vectors per thread where the row has enough of them for 1024 threads; None:
+    the fused kinds' rule (``_fused_vectors``) where it has a configuration, else two (as the
+    forward's rms_norm)."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {KINDS}")
     vec = 1 if variant == "scalar" else VECTOR_BYTES // dtype.itemsize
     nv = max(1, n // vec)
     if variant == "register":
+        if vectors is None and kind.startswith("add_"):
+            fused = _fused_vectors(kind, n, dtype)
+            if fused is not None:
+                return fused
         # `vectors` per thread, as many threads as that takes (up to 1024), then more vectors.
-        tpr = min(_pow2_ceil(math.ceil(nv / vectors)), MAX_THREADS)
+        tpr = min(_pow2_ceil(math.ceil(nv / (vectors or 2))), MAX_THREADS)
         per_thread = math.ceil(nv / tpr)
         rows = max(1, BLOCK_THREADS // tpr)
         acc, prefetch = None, False
