@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -60,7 +61,12 @@ def _kernel(cls, call):
 
 @pytest.fixture(scope="module", autouse=True)
 def _build_concurrently():
-    """Compile the kernels the tests call in parallel threads (compilation is per build identity)."""
+    """In a run of one process, compile the kernels the tests call in parallel threads first
+    (compilation is per build identity). Under pytest-xdist each worker builds only what its own
+    tests call, as they call it: a module fixture runs in every worker, and 144 builds in each
+    of a dozen workers outlasted the whole tier."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     calls = [(kind, _call(kind, n, dtype, weight)) for kind, n, dtype, weight in
              itertools.product(INTERFACES, SIZES, DTYPES, (True, False))]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
