@@ -294,6 +294,20 @@ def test_q_k_v_sliced_from_a_fused_qkv_projection():
     check_backward(op, q, k, v)
 
 
+def test_q_k_v_off_the_16_byte_grid_give_the_aligned_result():
+    # Contiguous views 2 bytes past an aligned address: the kernels' loads would fault there.
+    q, k, v = _edge_inputs(2, 300, 300, 4, 2, 128, {}, torch.bfloat16)
+    shifted = []
+    for t in (q, k, v):
+        storage = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
+        shifted.append(storage[1:].view(t.shape).copy_(t))
+    assert all(t.is_contiguous() and t.data_ptr() % 16 for t in shifted)
+    op = AttentionFwdOp(causal=True)
+    for a, b in zip(op(*shifted), op(q, k, v)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    check_backward(op, *shifted)
+
+
 def test_other_head_sizes_and_dtypes_are_served_by_plain_torch_on_cuda():
     for dtype, d in ((torch.bfloat16, 96), (torch.float32, 128)):
         q, k, v = _edge_inputs(2, 300, 300, 4, 2, d, {}, dtype)

@@ -1,4 +1,4 @@
-"""The ``aligned`` fact every family's call spec carries (``tileops.ops.vector_access``)."""
+"""The ``aligned`` fact every family's call spec carries, and aligned copies (``tileops.ops.vector_access``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tileops.core.tensor_description import TensorDescription
-from tileops.ops.vector_access import vector_ready
+from tileops.ops.vector_access import aligned_copies, vector_ready
 
 GPU = torch.device("cuda", 0)
 
@@ -43,3 +43,18 @@ def test_on_the_cpu_the_call_is_ready_without_reading_a_pointer():
     assert vector_ready(torch.device("cpu"), 3, torch.bfloat16, Unreadable()) is True
     view = torch.randn(65)[1:]  # 4 bytes past the allocation's alignment
     assert view.data_ptr() % 16 and vector_ready(view.device, 64, view.dtype, view) is True
+
+
+def test_a_gpu_call_gets_copies_of_the_tensors_off_the_16_byte_grid_only():
+    flat = torch.randn(4 * 64 + 1, dtype=torch.bfloat16)
+    shifted = flat[1:].view(4, 64)  # contiguous, 2 bytes past the allocation's alignment
+    aligned = torch.randn(4, 64, dtype=torch.bfloat16)
+    assert shifted.data_ptr() % 16 and not aligned.data_ptr() % 16
+    first, second, absent = aligned_copies(GPU, shifted, aligned, None)
+    assert not first.data_ptr() % 16 and torch.equal(first, shifted)
+    assert second is aligned and absent is None
+
+
+def test_a_cpu_call_gets_its_tensors_as_they_are():
+    shifted = torch.randn(65)[1:]
+    assert aligned_copies(torch.device("cpu"), shifted)[0] is shifted

@@ -1,8 +1,10 @@
-"""Whether a call suits 16-byte vector accesses: the ``aligned`` field of the families' call specs.
+"""Whether a call suits 16-byte vector accesses: the ``aligned`` field of the families' call specs,
+and aligned copies for the kernels that take nothing else.
 
 The TileLang kernels move 16 bytes per access, which CUDA allows only at 16-byte aligned
 addresses; a kernel that vectorises a row also needs the row to be a whole number of accesses.
 Every family's forward asks this once per call, and its ``call_specs`` asks it of descriptions.
+The attention kernels have no unaligned build: their ops hand them ``aligned_copies``.
 """
 
 from __future__ import annotations
@@ -32,3 +34,14 @@ def vector_ready(device: torch.device, row_elements: int, dtype: torch.dtype, *t
         if tensor is not None:
             address |= tensor.data_ptr()
     return not address % VECTOR_BYTES
+
+
+def aligned_copies(device: torch.device, *tensors):
+    """``tensors`` with each one whose data pointer is off the 16-byte grid replaced by a copy (a
+    fresh allocation is aligned; None passes). A misaligned address reaches a kernel only from a
+    view that starts inside an element group (such as a flat buffer viewed from an odd offset):
+    rare enough that copying costs less than a second build of every kernel, and a vector load
+    there would fault, leaving the CUDA context unusable. The CPU's tensors pass as they are."""
+    if device == _CPU:
+        return tensors
+    return tuple(t.clone() if t is not None and t.data_ptr() % VECTOR_BYTES else t for t in tensors)

@@ -3,7 +3,7 @@
 Each op reads the call's heads and head size from q and k in the layout its ``qkv_layout`` names,
 builds the call spec (the scale resolved to 1 / sqrt(D) where none was given) and runs the
 implementation selection picks, on contiguous tensors (the call path copies a strided q, k or v,
-such as slices of a fused qkv projection). Calls with an empty sequence are answered here
+such as slices of a fused qkv projection) at 16-byte aligned addresses (``aligned_copies``). Calls with an empty sequence are answered here
 without a kernel: S_k = 0 gives o = 0 and lse = -inf (and zero gradients), S_q = 0 gives
 zero dk and dv. The forward is differentiable: its outputs o and lse are what the backward op
 reads (``saves: []``), and the gradient of lse, when the caller uses it, reaches the backward as
@@ -19,6 +19,7 @@ import torch
 
 from tileops.core import Op
 
+from ..vector_access import aligned_copies
 from .cpu import IMPLEMENTATIONS
 from .interfaces import AttentionBwdInterface, AttentionFwdInterface
 
@@ -76,7 +77,7 @@ class AttentionFwdOp(_AttentionOp):
             lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -torch.inf, dtype=torch.float32, device=q.device)
             return torch.zeros_like(q), lse
         kernel = self.kernel_for(AttentionFwdInterface, q.device, *self._facts(q, k))
-        return kernel.forward(q, k, v)
+        return kernel.forward(*aligned_copies(q.device, q, k, v))
 
 
 class AttentionBwdOp(_AttentionOp):
@@ -89,4 +90,4 @@ class AttentionBwdOp(_AttentionOp):
         if q.shape[self._seq_dim] == 0 or k.shape[self._seq_dim] == 0:  # nothing attends: zero gradients
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         kernel = self.kernel_for(AttentionBwdInterface, q.device, *self._facts(q, k))
-        return kernel.forward(do, q, k, v, o, lse, dlse)
+        return kernel.forward(*aligned_copies(q.device, do, q, k, v, o, lse, dlse))

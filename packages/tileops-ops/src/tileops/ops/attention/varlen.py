@@ -6,7 +6,8 @@ They are ops of their own rather than optional inputs of ``AttentionFwdOp``: a p
 the reference, the workloads and the roofline all differ from the dense op's.
 
 Each op builds the call spec from q and k (the scale resolved to 1 / sqrt(D) where none was
-given) and runs the implementation selection picks. Offsets on the CPU (a CPU call) are checked
+given) and runs the implementation selection picks, on tensors at 16-byte aligned addresses
+(``aligned_copies``). Offsets on the CPU (a CPU call) are checked
 here, by name, before any kernel: int32 and B + 1 entries come from the manifest, and the rules
 (0 first, never decreasing, T_q or T_k last) are checked in Python. Offsets on a GPU are never
 read on the host (``varlen_interfaces`` says what the kernels do with bad ones). Calls without a
@@ -22,6 +23,7 @@ import torch
 
 from tileops.core import Op, OpArgumentError
 
+from ..vector_access import aligned_copies
 from .varlen_cpu import IMPLEMENTATIONS
 from .varlen_interfaces import VarlenAttentionBwdInterface, VarlenAttentionFwdInterface
 
@@ -97,7 +99,7 @@ class VarlenAttentionFwdOp(_VarlenAttentionOp):
             lse = torch.full((q.shape[1], q.shape[0]), -torch.inf, dtype=torch.float32, device=q.device)
             return torch.zeros_like(q), lse
         kernel = self.kernel_for(VarlenAttentionFwdInterface, q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1])
-        return kernel.forward(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        return kernel.forward(*aligned_copies(q.device, q, k, v), cu_seqlens_q, cu_seqlens_k)
 
 
 class VarlenAttentionBwdOp(_VarlenAttentionOp):
@@ -112,4 +114,5 @@ class VarlenAttentionBwdOp(_VarlenAttentionOp):
         if q.shape[0] == 0 or k.shape[0] == 0 or q.shape[1] == 0:
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # nothing attends
         kernel = self.kernel_for(VarlenAttentionBwdInterface, q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1])
+        do, q, k, v, o, lse, dlse = aligned_copies(q.device, do, q, k, v, o, lse, dlse)
         return kernel.forward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dlse)
