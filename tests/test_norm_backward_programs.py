@@ -1,5 +1,5 @@
-"""The norm backward kernels' launch rules (CPU: no tilelang, no GPU), their key table, and the
-compile tier: one representative build per kernel kind lowers and compiles for sm_90."""
+"""The norm backward kernels' launch rules (``backward_policy``; CPU: no tilelang, no GPU), their
+key table, and the compile tier: one representative build per kernel kind lowers and compiles for sm_90."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import torch
 
 from helpers import run_python
 from tileops.kernels.cuda.norm import KERNELS
-from tileops.kernels.cuda.norm import backward_programs as programs
+from tileops.kernels.cuda.norm import backward_policy as policy
 from tileops.kernels.cuda.norm.backward import BACKWARD_KERNELS
 
-KINDS = programs.KINDS
+KINDS = policy.KINDS
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 LENGTHS = [1, 7, 8, 64, 1000, 1024, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 100000, 262144]
 
 
 def _served_by(kind, n, dtype, aligned=True):
-    return [v for v in programs.VARIANTS if programs.refusal(kind, v, n, dtype, aligned) is None]
+    return [v for v in policy.VARIANTS if policy.refusal(kind, v, n, dtype, aligned) is None]
 
 
 def test_the_backward_tables_join_the_ops_table_with_their_keys():
@@ -39,7 +39,7 @@ def test_every_length_and_alignment_is_served_and_float64_is_refused(kind, dtype
         served = _served_by(kind, n, dtype)
         assert served[-1] == "scalar"
         assert ("streamed" in served) == (n * dtype.itemsize % 16 == 0)
-    reason = programs.refusal(kind, "scalar", 4096, torch.float64, True)
+    reason = policy.refusal(kind, "scalar", 4096, torch.float64, True)
     assert "float64" in reason and "torch implementation serves it" in reason
 
 
@@ -48,7 +48,7 @@ def test_every_length_and_alignment_is_served_and_float64_is_refused(kind, dtype
 def test_launch_rules_fit_the_hardware_for_every_length(kind, dtype):
     for n in LENGTHS:
         for variant in _served_by(kind, n, dtype):
-            config = programs.launch_config(kind, variant, n, dtype)
+            config = policy.launch_config(kind, variant, n, dtype)
             tpr, rows, vec = config["tpr"], config["rows"], config["vec"]
             assert tpr & (tpr - 1) == 0 and tpr * rows <= 1024 and n % vec == 0, (n, config)
             assert vec * dtype.itemsize in (dtype.itemsize, 16), config
@@ -56,13 +56,13 @@ def test_launch_rules_fit_the_hardware_for_every_length(kind, dtype):
                 columns = config["unroll"] * vec
                 assert config["unroll"] <= 4 and tpr * config["unroll"] * vec >= n, (n, config)
                 if config["acc"] == "shared":  # the column sums fit the shared memory given to them
-                    assert programs.parts_of(kind) * columns * tpr * rows * 4 <= 128 * 1024, (n, config)
-                assert 1 <= programs.blocks_per_sm(kind, dtype, config) <= 2048 // (tpr * rows)
+                    assert policy.parts_of(kind) * columns * tpr * rows * 4 <= 128 * 1024, (n, config)
+                assert 1 <= policy.blocks_per_sm(kind, dtype, config) <= 2048 // (tpr * rows)
 
 
 def test_the_next_row_is_loaded_ahead_where_it_costs_no_block():
     def config(kind, n, dtype=torch.bfloat16):
-        return programs.launch_config(kind, "register", n, dtype)
+        return policy.launch_config(kind, "register", n, dtype)
 
     assert config("rms_norm", 4096)["prefetch"] and config("rms_norm", 8192)["prefetch"]
     assert config("add_rms_norm", 4096)["prefetch"] and config("add_layer_norm", 7168)["prefetch"]
@@ -76,14 +76,14 @@ def test_the_next_row_is_loaded_ahead_where_it_costs_no_block():
                 chosen = config(kind, n, dtype)
                 without = {**chosen, "prefetch": False}
                 if chosen["prefetch"]:
-                    assert programs.blocks_per_sm(kind, dtype, chosen) == programs.blocks_per_sm(kind, dtype, without)
-    assert all(not programs.launch_config("rms_norm", variant, 4096, torch.bfloat16).get("prefetch")
+                    assert policy.blocks_per_sm(kind, dtype, chosen) == policy.blocks_per_sm(kind, dtype, without)
+    assert all(not policy.launch_config("rms_norm", variant, 4096, torch.bfloat16).get("prefetch")
                for variant in ("streamed", "scalar"))
 
 
 def test_fused_kinds_take_the_vectors_per_thread_that_leave_the_fewest_lanes_idle():
     def shape(kind, n, dtype=torch.bfloat16):
-        config = programs.launch_config(kind, "register", n, dtype)
+        config = policy.launch_config(kind, "register", n, dtype)
         return config["tpr"], config["unroll"], config["acc"], config["prefetch"]
 
     # bf16 rows of 96 vectors: 32 threads of three leave none idle; 128 of one would leave 32.
@@ -101,13 +101,13 @@ def test_fused_kinds_take_the_vectors_per_thread_that_leave_the_fewest_lanes_idl
             for n in LENGTHS:
                 if "register" not in _served_by(kind, n, dtype):
                     continue
-                chosen = programs.launch_config(kind, "register", n, dtype)
-                if chosen["tpr"] > programs.BLOCK_THREADS or chosen["acc"] != "register":
+                chosen = policy.launch_config(kind, "register", n, dtype)
+                if chosen["tpr"] > policy.BLOCK_THREADS or chosen["acc"] != "register":
                     continue  # no candidate fits: the default two vectors
                 idle = chosen["tpr"] * chosen["unroll"] - row_vectors[n]
                 for vectors in (1, 2, 4):
-                    other = programs.launch_config(kind, "register", n, dtype, vectors=vectors)
-                    if other["tpr"] <= programs.BLOCK_THREADS and other["acc"] == "register":
+                    other = policy.launch_config(kind, "register", n, dtype, vectors=vectors)
+                    if other["tpr"] <= policy.BLOCK_THREADS and other["acc"] == "register":
                         assert idle <= other["tpr"] * other["unroll"] - row_vectors[n], (kind, dtype, n, vectors)
 
 
@@ -116,10 +116,10 @@ def test_fused_kinds_take_the_vectors_per_thread_that_leave_the_fewest_lanes_idl
 def test_partial_rows_are_sane_for_every_row_count(kind, sm_count):
     for n, dtype in [(1, torch.float32), (1000, torch.bfloat16), (4096, torch.bfloat16), (65536, torch.float16)]:
         for variant in _served_by(kind, n, dtype):
-            config = programs.launch_config(kind, variant, n, dtype)
-            resident = sm_count * programs.blocks_per_sm(kind, dtype, config) * config["rows"]
+            config = policy.launch_config(kind, variant, n, dtype)
+            resident = sm_count * policy.blocks_per_sm(kind, dtype, config) * config["rows"]
             for m in [1, 2, 3, 100, 4097, 65536, 1 << 20]:
-                slots = programs.partial_rows(kind, m, n, dtype, config, sm_count)
+                slots = policy.partial_rows(kind, m, n, dtype, config, sm_count)
                 assert slots % config["rows"] == 0 and config["rows"] <= slots <= resident, (m, slots)
                 # no block without a row; and never more slots than rows (beyond one block's)
                 assert slots <= max(m, 1) + config["rows"] - 1, (m, slots)
@@ -128,9 +128,9 @@ def test_partial_rows_are_sane_for_every_row_count(kind, sm_count):
 
 
 def test_partials_grow_with_the_rows_until_the_sms_are_full():
-    config = programs.launch_config("rms_norm", "register", 4096, torch.bfloat16)
-    counts = [programs.partial_rows("rms_norm", m, 4096, torch.bfloat16, config, 132) for m in (1, 64, 132, 4096, 65536)]
-    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 132 * programs.blocks_per_sm(
+    config = policy.launch_config("rms_norm", "register", 4096, torch.bfloat16)
+    counts = [policy.partial_rows("rms_norm", m, 4096, torch.bfloat16, config, 132) for m in (1, 64, 132, 4096, 65536)]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 132 * policy.blocks_per_sm(
         "rms_norm", torch.bfloat16, config)
 
 
@@ -138,14 +138,15 @@ def test_partials_grow_with_the_rows_until_the_sms_are_full():
 
 SCRIPT = """
 import json, sys, torch
+from tileops.kernels.cuda.norm import backward_policy as policy
 from tileops.kernels.cuda.norm import backward_programs as programs
 kind, variant, n, dtype = json.loads({case!r})
 dtype = getattr(torch, dtype)
-assert programs.refusal(kind, variant, n, dtype, True) is None
+assert policy.refusal(kind, variant, n, dtype, True) is None
 target = {{"kind": "cuda", "arch": "sm_90"}}
-config = programs.launch_config(kind, variant, n, dtype)
+config = policy.launch_config(kind, variant, n, dtype)
 rows = programs.compile_row_kernel(kind, n, dtype, True, target, **config).get_kernel_source()
-reduce = programs.compile_reduce_kernel(n, dtype, programs.parts_of(kind), target).get_kernel_source()
+reduce = programs.compile_reduce_kernel(n, dtype, policy.parts_of(kind), target).get_kernel_source()
 assert "__global__" in rows and "__global__" in reduce
 assert "atomic" not in rows.lower(), "the column sums are per-slot partials, not atomics"
 print("compiled", kind, variant, n, config["acc"])

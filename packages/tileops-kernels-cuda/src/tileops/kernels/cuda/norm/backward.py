@@ -4,9 +4,10 @@ Three variants per interface (``kind`` is rms_norm, layer_norm, add_rms_norm or 
 ``<kind>_bwd`` keeps each thread's slice of the row in registers (rows of up to 64 KiB in
 16-byte vectors), ``<kind>_bwd_streamed`` reads it again for dx (any length, 16-byte vectors),
 and ``<kind>_bwd_scalar`` serves every length and alignment element-wise (``general``). Each
-call runs two kernels (``backward_programs``): the row kernel writes dx and per-slot float32
-partial sums of dweight (and dbias), the reduce kernel sums those and casts them. The partials
-are a declared output of the kernel, dropped from what ``forward`` returns.
+call runs two kernels (``backward_programs``, configured by ``backward_policy``): the row
+kernel writes dx and per-slot float32 partial sums of dweight (and dbias), the reduce kernel sums
+those and casts them. The partials are a declared output of the kernel, dropped from what
+``forward`` returns.
 
 The kernels take dy, x (or the residual sum) and dresidual_sum in the caller's shape, (..., n),
 and the statistics in x's leading shape: ``forward`` views them as rows. They are not tuned:
@@ -31,6 +32,7 @@ from tileops.ops.norm import (
     RMSNormBwdInterface,
 )
 
+from . import backward_policy as policy
 from . import backward_programs as programs
 from ..compile import entry_function
 from ..kernel import BuildPlan, Output, TileLangKernel
@@ -50,8 +52,8 @@ class _Params:
 
     def partial_shape(self, arguments: tuple) -> tuple[int, int, int]:
         m = arguments[0].shape[0]
-        rows = programs.partial_rows(self.kind, m, self.call.n, self.call.dtype, self.config, self.sm_count)
-        return (programs.parts_of(self.kind), rows, self.call.n)
+        rows = policy.partial_rows(self.kind, m, self.call.n, self.call.dtype, self.config, self.sm_count)
+        return (policy.parts_of(self.kind), rows, self.call.n)
 
 
 def _column_sums() -> Output:
@@ -71,7 +73,7 @@ class _TileLangNormBwd(TileLangKernel):
     ranks_built_eagerly = (2,)  # forward views every call as rows: rank 2 is the only one
 
     def __init__(self, call: NormCall) -> None:
-        config = programs.launch_config(self.kind, self.variant, call.n, call.dtype)
+        config = policy.launch_config(self.kind, self.variant, call.n, call.dtype)
         facts = facts_for(call.device)
         sm_count = facts.sm_count if facts is not None and facts.sm_count else 1
         super().__init__(call.device, _Params(call, self.kind, config, sm_count))
@@ -101,7 +103,7 @@ class _TileLangNormBwd(TileLangKernel):
         call = self.params.call
         rows = entry_function(self.compile(config, rank))
         reduce = entry_function(
-            programs.compile_reduce_kernel(call.n, call.dtype, programs.parts_of(self.kind), self.tilelang_target)
+            programs.compile_reduce_kernel(call.n, call.dtype, policy.parts_of(self.kind), self.tilelang_target)
         )
         sums = len(self.outputs) - 2  # dweight (and dbias)
 
@@ -130,7 +132,7 @@ class _TileLangNormBwd(TileLangKernel):
 
     @classmethod
     def refusal(cls, call: NormCall) -> str | None:
-        return programs.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
+        return policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
 
     @classmethod
     def entry_for(cls, call: NormCall):

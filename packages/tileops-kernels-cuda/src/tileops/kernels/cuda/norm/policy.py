@@ -224,7 +224,8 @@ def _pow2_floor(v: int) -> int:
     return 1 << (v.bit_length() - 1)
 
 
-def _pow2_ceil(v: int) -> int:
+def pow2_ceil(v: int) -> int:
+    """The least power of two at or above ``v`` (1 for ``v`` <= 1): thread counts per row."""
     return 1 << max(0, (v - 1).bit_length())
 
 
@@ -272,17 +273,17 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
         if variant == "register":
             max_tpr = 256
             preload = n * dtype.itemsize <= 2048
-            if kind == "add_layer_norm" and nv == _pow2_ceil(nv):
+            if kind == "add_layer_norm" and nv == pow2_ceil(nv):
                 per_thread = 2
         elif variant == "shared":
             # Rows of the largest size served (8192 vectors, 128 KiB) ran 5-10% faster with
             # 1024 threads than with 512 when tuned on an H200 (64 x 65536, bf16).
-            max_tpr = MAX_THREADS if nv >= 8192 else min(max(256, _pow2_ceil(math.ceil(nv / 16))), MAX_THREADS)
+            max_tpr = MAX_THREADS if nv >= 8192 else min(max(256, pow2_ceil(math.ceil(nv / 16))), MAX_THREADS)
         else:
             max_tpr = MAX_THREADS
-    tpr = min(_pow2_ceil(math.ceil(n // vec / per_thread)), max_tpr)
+    tpr = min(pow2_ceil(math.ceil(n // vec / per_thread)), max_tpr)
     if variant != "scalar":
-        tpr = max(tpr, min(min_tpr, _pow2_ceil(n // vec)))
+        tpr = max(tpr, min(min_tpr, pow2_ceil(n // vec)))
     rows = max(1, 128 // tpr)
     return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": unroll, "preload": preload}
 
@@ -299,7 +300,7 @@ def tuning_candidates(kind: str, variant: str, n: int, dtype: torch.dtype) -> li
     vec, tpr, mode = default["vec"], default["tpr"], default["mode"]
     vectors = n // vec
     cap = 256 if mode == "register" else MAX_THREADS
-    thread_counts = sorted({t for t in (tpr // 2, tpr, tpr * 2) if 1 <= t <= cap and t <= _pow2_ceil(vectors)})
+    thread_counts = sorted({t for t in (tpr // 2, tpr, tpr * 2) if 1 <= t <= cap and t <= pow2_ceil(vectors)})
     candidates = [default]
     for threads_per_row in thread_counts:
         for block_threads in (128, 256, 512):
