@@ -201,6 +201,17 @@ def test_rows_without_keys_are_zero_with_minus_infinity_and_get_no_gradient():
     assert not dq[:136].any() and not dq[200:].any()
 
 
+def test_q_k_v_off_the_16_byte_grid_are_served_as_aligned_ones():
+    # Contiguous views 2 bytes past an aligned address: the kernels' loads would fault there.
+    q, k, v, cu_q, cu_k = _packed([40, 130], [64, 130], 4, 2, 128, torch.bfloat16)
+    shifted = []
+    for t in (q, k, v):
+        storage = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
+        shifted.append(storage[1:].view(t.shape).copy_(t))
+    assert all(t.is_contiguous() and t.data_ptr() % 16 for t in shifted)
+    check({"causal": True}, *shifted, cu_q, cu_k)
+
+
 def test_other_head_sizes_and_dtypes_are_served_by_plain_torch_on_cuda():
     check({"causal": True}, *_packed([40, 0, 70], [50, 9, 70], 4, 2, 96, torch.bfloat16))
     check({"window": 9}, *_packed([40, 70], [50, 70], 4, 2, 64, torch.float32))
