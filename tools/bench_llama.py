@@ -89,7 +89,8 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     step = _best_seconds(train_step, device, args.repeats)
-    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if device.type == "cuda" else float("nan")
+    # torch counts the allocations of CUDA devices only: elsewhere the column says so.
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if device.type == "cuda" else None
     optimizer.state.clear()
 
     def prefill() -> None:
@@ -121,7 +122,8 @@ def table(rows: list[dict]) -> str:
         if "error" in row:
             lines.append(f"| {row['variant']} | | | | | not run: {row['error']} |")
             continue
-        lines.append(f"| {row['variant']} | {row['step_ms']:.1f} | {row['peak_gib']:.2f} | {row['prefill_tok_s']:.0f} | "
+        peak = "not measured" if row["peak_gib"] is None else f"{row['peak_gib']:.2f}"
+        lines.append(f"| {row['variant']} | {row['step_ms']:.1f} | {peak} | {row['prefill_tok_s']:.0f} | "
                      f"{row['decode_tok_s']:.1f} | {row['note']} |")
     return "\n".join(lines)
 
