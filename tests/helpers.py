@@ -22,6 +22,13 @@ def run_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def off_the_grid(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values in a contiguous view one element past an allocation's start: off the
+    16-byte grid, as a flat buffer viewed from an odd offset is."""
+    storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
+    return storage[1:].view(tensor.shape).copy_(tensor)
+
+
 def run_python(code: str, *, env: dict[str, str] | None = None, python: str = sys.executable) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (safe path, so the checkout is not importable)."""
     return subprocess.run(

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import compile_attention_programs
+from helpers import compile_attention_programs, off_the_grid
 from tileops.ops.attention import AttentionBwdInterface, AttentionBwdOp, AttentionFwdInterface, AttentionFwdOp
 from tileops.testing import workload_cases
 
@@ -297,10 +297,7 @@ def test_q_k_v_sliced_from_a_fused_qkv_projection():
 def test_q_k_v_off_the_16_byte_grid_give_the_aligned_result():
     # Contiguous views 2 bytes past an aligned address: the kernels' loads would fault there.
     q, k, v = _edge_inputs(2, 300, 300, 4, 2, 128, {}, torch.bfloat16)
-    shifted = []
-    for t in (q, k, v):
-        storage = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
-        shifted.append(storage[1:].view(t.shape).copy_(t))
+    shifted = [off_the_grid(t) for t in (q, k, v)]
     assert all(t.is_contiguous() and t.data_ptr() % 16 for t in shifted)
     op = AttentionFwdOp(causal=True)
     for a, b in zip(op(*shifted), op(q, k, v)):

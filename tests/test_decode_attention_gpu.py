@@ -24,7 +24,7 @@ from test_decode_attention_ops import (
 from tileops.ops import FAMILIES, DecodeAttentionFwdOp
 from tileops.kernels.cuda.attention import decode_policy
 from tileops.ops.attention.decode_cpu import decode_attention
-from helpers import workload_params
+from helpers import off_the_grid, workload_params
 from tileops.testing import check_workload, workload_cases
 
 pytestmark = pytest.mark.gpu
@@ -166,10 +166,7 @@ def test_lengths_past_the_capacity_are_clamped_and_negative_ones_are_empty():
 def test_caches_off_the_16_byte_grid_are_served_by_the_plain_torch_implementation():
     # The TileLang kernels' loads are 16-byte vectors, the guarded ones too: such an address faults.
     call = make_call(LENGTHS, 1, 32, 8, 128, dtype=torch.bfloat16, device="cuda")
-    shifted = []
-    for cache in call[1:3]:  # the same values, contiguous, 2 bytes past an aligned address
-        storage = torch.empty(cache.numel() + 1, dtype=cache.dtype, device="cuda")
-        shifted.append(storage[1:].view(cache.shape).copy_(cache))
+    shifted = [off_the_grid(cache) for cache in call[1:3]]  # the same values, 2 bytes past an aligned address
     op = DecodeAttentionFwdOp()
     o, lse = op(call[0], *shifted, call[3])
     assert _served_by(op) == {"torch_cuda"}

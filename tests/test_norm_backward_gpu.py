@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import off_the_grid
 from tileops.kernels.cuda.norm.backward import BACKWARD_KERNELS
 from tileops.ops.norm import (
     FusedAddLayerNormBwdInterface,
@@ -149,13 +150,8 @@ def test_unaligned_inputs_go_to_the_scalar_variant_and_are_correct(kind, dtype):
     assert key == f"{kind}_bwd_scalar"
     dy, x, w, dres = _inputs(kind, (m, n), dtype, True)
 
-    def shifted(t):  # contiguous, one element past a 16-byte boundary
-        storage = torch.empty(t.numel() + 1, device="cuda", dtype=dtype)
-        view = storage[1:].view(t.shape)
-        view.copy_(t)
-        return view
-
-    _check(kind, _kernel(cls, call), shifted(dy), shifted(x), shifted(w), None if dres is None else shifted(dres))
+    shifted = [None if t is None else off_the_grid(t) for t in (dy, x, w, dres)]
+    _check(kind, _kernel(cls, call), *shifted)
 
 
 @pytest.mark.parametrize("kind", list(INTERFACES))

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import compile_attention_programs, workload_params
+from helpers import compile_attention_programs, off_the_grid, workload_params
 from test_attention_gpu import RELATIVE, _close
 from tileops.ops.attention import (
     VarlenAttentionBwdInterface,
@@ -204,10 +204,7 @@ def test_rows_without_keys_are_zero_with_minus_infinity_and_get_no_gradient():
 def test_q_k_v_off_the_16_byte_grid_are_served_as_aligned_ones():
     # Contiguous views 2 bytes past an aligned address: the kernels' loads would fault there.
     q, k, v, cu_q, cu_k = _packed([40, 130], [64, 130], 4, 2, 128, torch.bfloat16)
-    shifted = []
-    for t in (q, k, v):
-        storage = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
-        shifted.append(storage[1:].view(t.shape).copy_(t))
+    shifted = [off_the_grid(t) for t in (q, k, v)]
     assert all(t.is_contiguous() and t.data_ptr() % 16 for t in shifted)
     check({"causal": True}, *shifted, cu_q, cu_k)
 
