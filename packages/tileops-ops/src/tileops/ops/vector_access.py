@@ -4,7 +4,9 @@ and aligned copies for the kernels that take nothing else.
 The TileLang kernels move 16 bytes per access, which CUDA allows only at 16-byte aligned
 addresses; a kernel that vectorises a row also needs the row to be a whole number of accesses.
 Every family's forward asks this once per call, and its ``call_specs`` asks it of descriptions.
-The attention kernels have no unaligned build: their ops hand them ``aligned_copies``.
+The dense and varlen attention kernels have no unaligned build: their ops hand them
+``aligned_copies``. Decode attention's kernels refuse misaligned caches instead (the plain-torch
+implementation serves them): a copy of a whole cache each step would cost more than that.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ class ActivationCall(CallSpec):
 
     ``aligned`` says that every tensor's data pointer is 16-byte aligned and the element count
     a multiple of 16 bytes' worth of elements (vectorised kernels need both; always True on
-    the CPU, whose vector loads take any address). The element
-    count itself is not part of the spec, so a call of another shape reuses the kernel built.
+    the CPU, whose vector loads take any address). The element count itself is not part of the
+    spec, so a call of another shape reuses the kernel built.
     """
 
     dtype: torch.dtype

@@ -33,9 +33,10 @@ class CrossEntropyCall(CallSpec):
     ``vocab`` is V (a compile-time constant of the TileLang programs; a model has one);
     ``target_dtype`` the targets' dtype; ``aligned`` says that the logits' data pointer is
     16-byte aligned and a row is a whole number of 16-byte accesses (V * itemsize % 16 == 0),
-    which the vectorised programs need (always True on the CPU). The row count is not part of the spec: every N reuses the
-    kernel built. The loss options are the op's params; ``ignore_index`` and ``lse_square_scale``
-    matter to the rows step only, and the grad step receives them as per-row coefficients.
+    which the vectorised programs need (always True on the CPU). The row count is not part of
+    the spec: every N reuses the kernel built. The loss options are the op's params;
+    ``ignore_index`` and ``lse_square_scale`` matter to the rows step only, and the grad step
+    receives them as per-row coefficients.
     """
 
     dtype: torch.dtype

@@ -33,8 +33,8 @@ class NormCall(CallSpec):
     ``n`` is the row length, ``eps`` the value actually used (torch's default already
     resolved), ``aligned`` whether every tensor's data pointer is 16-byte aligned (vectorised
     kernels refuse unaligned calls; always True on the CPU, whose vector loads take any
-    address). The batch size is not part of the spec, so a new batch
-    size reuses the kernel already chosen.
+    address). The batch size is not part of the spec, so a new batch size reuses the kernel
+    already chosen.
     """
 
     n: int

@@ -42,8 +42,8 @@ class RopeCall(CallSpec):
     ``rotary_dim`` is the value used (the head size D where the op's param is None);
     ``cos_dtype`` is the caches' dtype; ``aligned`` says whether every tensor's data pointer
     is 16-byte aligned (vectorised kernels refuse unaligned calls; always True on the CPU, whose
-    vector loads take any address; the token count and the
-    cache's length are not part of the spec, so another batch reuses the kernel built).
+    vector loads take any address; the token count and the cache's length are not part of the
+    spec, so another batch reuses the kernel built).
     """
 
     dtype: torch.dtype
