@@ -103,7 +103,10 @@ def _check(kind, kernel, dy, x, w, dres):
     atol, rtol = TOLERANCE[dy.dtype]
     m = dy.numel() // dy.shape[-1]
     assert result[0].shape == dy.shape and result[0].dtype == dy.dtype
-    torch.testing.assert_close(result[0].double(), dx_ref, atol=atol, rtol=rtol)
+    # dx is rstd times terms of g's size that cancel: their rounding scales with rstd, which is
+    # 1 / sqrt(eps) = 316 on one-element layer-norm rows (variance 0, dx 0 exactly).
+    dx_atol = atol * max(1.0, float(stats[-1].max()))
+    torch.testing.assert_close(result[0].double(), dx_ref, atol=dx_atol, rtol=rtol)
     sums_atol = atol * max(1.0, math.sqrt(m))  # sums over m rows
     torch.testing.assert_close(result[1].double(), dw_ref, atol=sums_atol, rtol=rtol)
     if kind.endswith("layer_norm"):

@@ -134,6 +134,17 @@ def test_partials_grow_with_the_rows_until_the_sms_are_full():
         "rms_norm", torch.bfloat16, config)
 
 
+def test_long_rows_take_one_slot_per_sm_their_registers_allow():
+    # The streamed mode's 512-thread blocks need about 100 registers a thread: one block an SM,
+    # though the threads alone would allow four; the element-wise mode counts threads.
+    for kind in KINDS:
+        config = policy.launch_config(kind, "streamed", 16384, torch.bfloat16)
+        assert config["tpr"] * config["rows"] == 512 and policy.blocks_per_sm(kind, torch.bfloat16, config) == 1
+        assert policy.partial_rows(kind, 16384, 16384, torch.bfloat16, config, 132) == 132
+        scalar = policy.launch_config(kind, "scalar", 1001, torch.float32)
+        assert policy.blocks_per_sm(kind, torch.float32, scalar) == policy.THREADS_PER_SM // (scalar["tpr"] * scalar["rows"])
+
+
 # -- compile tier ------------------------------------------------------------------------------
 
 SCRIPT = """

@@ -77,8 +77,9 @@ def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) 
 
 
 def _registers(kind: str, dtype: torch.dtype, columns: int, acc: str, prefetch: bool = False) -> int:
-    """Registers a thread of the register mode needs: x, dy and weight of its columns (and the
-    next row's x and dy, and the fused kinds' dresidual_sum, with ``prefetch``), their sums."""
+    """Registers a thread needs: x, dy and weight of its columns (and the next row's x and dy,
+    and the fused kinds' dresidual_sum, with ``prefetch``), their sums where ``acc`` is
+    "register" (the streamed mode's columns: those of one step)."""
     arrays = (6 if kind.startswith("add_") else 5) if prefetch else 3  # the fused kinds' row of dresidual_sum
     held = math.ceil(arrays * columns * dtype.itemsize / 4)
     return held + (columns * parts_of(kind) if acc == "register" else 0) + _REGISTERS_BESIDES_COLUMNS
@@ -197,15 +198,27 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype, vectors: 
 
 def blocks_per_sm(kind: str, dtype: torch.dtype, config: dict) -> int:
     """Blocks of the row kernel an SM holds at once, from its thread and register budget and,
-    where the column sums are in shared memory, its shared-memory budget."""
-    threads = config["tpr"] * config["rows"]
+    where the column sums are in shared memory, its shared-memory budget. The streamed mode's
+    thread holds the vectors of one step (``unroll``) of x, dy and weight: ptxas for sm_90 gave
+    its 512-thread blocks 96 (layer_norm) and 128 (rms_norm) registers a thread at 16384 bf16
+    columns, one block an SM, which the estimate finds (112); counting threads alone said four.
+
+    Why it matters: the slots (``partial_rows``) follow it. H100, bf16, the streamed kernel with
+    the slots the thread count gave (187-528) against one an SM (us): layer_norm 4096 x 12288 389 -> 331, 8192 x 9216 495 -> 469,
+    16384 x 16384 1701 -> 1689; rms_norm 4096 x 12288 148 -> 135, 8192 x 9216 222 -> 210;
+    add_rms_norm 4096 x 12288 174 -> 160, 16384 x 16384 845 -> 824. Blocks past the resident
+    ones wait for a whole wave, and each slot's partial row is read and written at every row it
+    walks: fewer slots keep those rows in L2. A slot short of the blocks an SM holds costs more
+    (half the slots: layer_norm 16384 x 16384 1689 -> 2271 us), so the element-wise mode (vec 1)
+    counts threads alone: its thread holds a few elements, the estimate's fixed part dominates
+    and undercounts (ptxas: 48-56 registers, four 256-thread blocks an SM; the estimate three)."""
+    threads, columns = config["tpr"] * config["rows"], config["unroll"] * config["vec"]
     fit = THREADS_PER_SM // threads
-    if config["mode"] == "register":
-        columns = config["unroll"] * config["vec"]
-        registers = _registers(kind, dtype, columns, config["acc"], config["prefetch"])
+    if config["vec"] > 1:
+        registers = _registers(kind, dtype, columns, config["acc"], config.get("prefetch", False))
         fit = min(fit, REGISTER_FILE // (threads * registers))
-        if config["acc"] == "shared":
-            fit = min(fit, 2 * _SHARED_ACCUMULATOR_BYTES // (parts_of(kind) * columns * threads * 4))
+    if config["acc"] == "shared":
+        fit = min(fit, 2 * _SHARED_ACCUMULATOR_BYTES // (parts_of(kind) * columns * threads * 4))
     return max(1, fit)
 
 
