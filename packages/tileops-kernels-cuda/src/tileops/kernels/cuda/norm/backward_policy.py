@@ -13,8 +13,10 @@ Modes of the row kernel (``launch_config``):
   (``_prefetches`` says where; for the fused kinds, ``_fused_vectors`` picks the vectors per
   thread and the prefetch together).
 * ``streamed``: any row length; x and dy are read again for dx (from L1/L2, the row was just
-  read), and each slot adds its column sums into its own partial row in global memory at each
-  row. With 16-byte vectors for long aligned rows, element-wise (vec = 1) for every length and
+  read); each slot keeps its column sums in shared memory where they fit the register mode's
+  budget for them (``acc`` "shared": up to 32768 float32 sums a block), else adds them into its
+  own partial row in global memory at each row (``acc`` "global", ``shared_sum_bytes`` says
+  why). With 16-byte vectors for long aligned rows, element-wise (vec = 1) for every length and
   alignment (the general fallback).
 """
 
@@ -192,11 +194,27 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype, vectors: 
                 "prefetch": prefetch}
     unroll = 4
     tpr = min(pow2_ceil(math.ceil(nv / unroll)), MAX_THREADS)
-    return {"vec": vec, "tpr": tpr, "rows": max(1, BLOCK_THREADS // tpr), "mode": "streamed", "acc": "global",
-            "unroll": unroll}
+    config = {"vec": vec, "tpr": tpr, "rows": max(1, BLOCK_THREADS // tpr), "mode": "streamed", "acc": "shared",
+              "unroll": unroll}
+    if shared_sum_bytes(kind, n, config) > _SHARED_ACCUMULATOR_BYTES:
+        config["acc"] = "global"
+    return config
 
 
-def blocks_per_sm(kind: str, dtype: torch.dtype, config: dict) -> int:
+def shared_sum_bytes(kind: str, n: int, config: dict) -> int:
+    """The shared memory a block's column sums take where ``acc`` is "shared": float32 sums of
+    every vector its threads hold (the streamed mode: of every step).
+
+    Why the streamed mode keeps them there: adding each row's sums into a partial row in global
+    memory reads and writes 8 bytes a column and part at every row, more than the row's own
+    6 bytes of dy, x and dx in 16-bit types, all of it through L2. H100, bf16, one slot an SM:
+    layer_norm's streamed kernel ran at 31 % of the copy bandwidth on 16384 x 16384, rms_norm's
+    (one part) at 75 %."""
+    steps = 1 if config["mode"] == "register" else math.ceil(n // config["vec"] / (config["tpr"] * config["unroll"]))
+    return parts_of(kind) * steps * config["unroll"] * config["vec"] * config["tpr"] * config["rows"] * 4
+
+
+def blocks_per_sm(kind: str, n: int, dtype: torch.dtype, config: dict) -> int:
     """Blocks of the row kernel an SM holds at once, from its thread and register budget and,
     where the column sums are in shared memory, its shared-memory budget. The streamed mode's
     thread holds the vectors of one step (``unroll``) of x, dy and weight: ptxas for sm_90 gave
@@ -218,7 +236,7 @@ def blocks_per_sm(kind: str, dtype: torch.dtype, config: dict) -> int:
         registers = _registers(kind, dtype, columns, config["acc"], config.get("prefetch", False))
         fit = min(fit, REGISTER_FILE // (threads * registers))
     if config["acc"] == "shared":
-        fit = min(fit, 2 * _SHARED_ACCUMULATOR_BYTES // (parts_of(kind) * columns * threads * 4))
+        fit = min(fit, 2 * _SHARED_ACCUMULATOR_BYTES // shared_sum_bytes(kind, n, config))
     return max(1, fit)
 
 
@@ -231,7 +249,7 @@ def partial_rows(kind: str, m: int, n: int, dtype: torch.dtype, config: dict, sm
     partial_bytes = 8 * parts_of(kind) * n
     min_rows_per_slot = max(1, math.ceil(_PARTIAL_TRAFFIC_SHARE * partial_bytes / rows_moved_bytes))
     per_block = config["rows"]
-    resident = sm_count * blocks_per_sm(kind, dtype, config)
+    resident = sm_count * blocks_per_sm(kind, n, dtype, config)
     # ... but never fewer blocks than SMs where the rows allow: an SM without one idles its share
     # of the bandwidth (H200, 2048 x 4096 fp16 layer_norm: 94 slots of 22 rows left 38 SMs idle).
     blocks = min(resident, max(sm_count, math.ceil(m / (per_block * min_rows_per_slot))), math.ceil(m / per_block))

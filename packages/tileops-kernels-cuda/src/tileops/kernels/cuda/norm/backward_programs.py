@@ -39,8 +39,10 @@ _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float3
 
 def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unroll, prefetch=False):
     """The row kernel's PrimFunc for one configuration (see ``backward_policy.launch_config``)."""
-    if n % vec or tpr & (tpr - 1) or tpr * rows > MAX_THREADS or (prefetch and mode != "register"):
-        raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} mode={mode} prefetch={prefetch} for N={n}")
+    if (n % vec or tpr & (tpr - 1) or tpr * rows > MAX_THREADS or (prefetch and mode != "register")
+            or (acc == "register" and mode != "register")):
+        raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} mode={mode} acc={acc} "
+                         f"prefetch={prefetch} for N={n}")
     import tilelang.language as T
 
     fused, layer, parts = kind.startswith("add_"), kind.endswith("layer_norm"), parts_of(kind)
@@ -49,6 +51,7 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
     cached = mode == "register"
     step = unroll  # vectors per thread in one step: all of them in the register mode
     steps = 1 if cached else math.ceil(nv / (tpr * unroll))
+    held = steps * step  # vectors whose column sums a thread keeps (acc "register" or "shared")
     warps = max(1, tpr // 32)
     lanes = T.vectorized if vec > 1 else T.serial
     wide = min(vec, 4)  # float32 partials move in 16-byte pieces
@@ -65,8 +68,12 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
         return T.cast(e, f32)
 
     def at(p, u, v, tx):
-        """Where a thread's column sum p of element v of its vector u is (register mode)."""
-        return (p * step * threads + u * threads + tx) * vec + v if acc == "shared" else (p * step + u) * vec + v
+        """Where a thread's column sum p of element v of its vector u (of ``held``) is. In shared
+        memory the threads' 16-byte pieces of a vector lie side by side, so that a warp's
+        vectorised access to them is free of bank conflicts."""
+        if acc == "register":
+            return (p * step + u) * vec + v
+        return (((p * held + u) * (vec // wide) + v // wide) * threads + tx) * wide + v % wide
 
     @T.macro
     def row_sums(acc_, red, tx):
@@ -114,8 +121,8 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
             if early_dr:
                 rb = T.alloc_local((step * vec,), dt)
             if acc == "shared":
-                sums = T.alloc_shared((parts * step * threads * vec,), f32)
-            else:
+                sums = T.alloc_shared((parts * held * threads * vec,), f32)
+            elif acc == "register":
                 sums = T.alloc_local((parts * step * vec,), f32)
             red = T.alloc_shared((parts * rows * warps,), f32)
             tot = T.alloc_local((2,), f32)
@@ -123,9 +130,9 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
             rs = T.alloc_local((1,), f32)
 
 
-            if cached:
+            if acc != "global":
                 for p in part_list:
-                    for u in T.unroll(step):
+                    for u in T.unroll(held):
                         for v in T.unroll(vec):
                             sums[at(p, u, v, tx)] = f(0)
             else:  # each slot owns its partial row: zero its columns
@@ -180,12 +187,13 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                                 if layer:
                                     tot[1] = tot[1] + g
                             if row < m:
-                                if cached:
+                                if acc != "global":
+                                    own = u if cached else st * step + u  # which of the thread's held vectors
                                     for v in T.unroll(vec):
                                         xh = (f(xb[u * vec + v]) - mu[0]) * rs[0]
-                                        sums[at(0, u, v, tx)] = sums[at(0, u, v, tx)] + f(gb[u * vec + v]) * xh
+                                        sums[at(0, own, v, tx)] = sums[at(0, own, v, tx)] + f(gb[u * vec + v]) * xh
                                         if layer:
-                                            sums[at(1, u, v, tx)] = sums[at(1, u, v, tx)] + f(gb[u * vec + v])
+                                            sums[at(1, own, v, tx)] = sums[at(1, own, v, tx)] + f(gb[u * vec + v])
                                 else:
                                     for h in T.unroll(vec // wide):
                                         for v in lanes(wide):
@@ -225,8 +233,8 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                     for e in T.unroll(step * vec):
                         xb[e] = xn[e]
                         gb[e] = gn[e]
-            if cached:
-                for u in T.unroll(step):
+            if acc != "global":  # the slot's column sums, written once
+                for u in T.unroll(held):
                     vi = u * tpr + lane
                     if vi < nv:
                         for p in part_list:
