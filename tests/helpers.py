@@ -107,6 +107,20 @@ for kind, fields in [{jobs}]:
 """
 
 
+# Below this many selected tests of a module, its prebuilding fixture leaves the kernels to be
+# built as the tests call them: a narrow selection (-k, a node id) calls a few of them, and
+# compiling every call of the module first took minutes (the attention modules: no test had run
+# after 230 s for a selection of two tests).
+PREBUILD_FROM_TESTS = 8
+
+
+def few_tests_selected(request: pytest.FixtureRequest) -> bool:
+    """Whether fewer than ``PREBUILD_FROM_TESTS`` tests of the module that ``request`` (a
+    module-scoped fixture's) comes from are selected in this session."""
+    module = request.node.path
+    return sum(item.path == module for item in request.session.items) < PREBUILD_FROM_TESTS
+
+
 def compile_attention_programs(calls, programs: str) -> None:
     """Compile the forward and backward programs of every attention call spec in ``calls`` (module
     ``programs`` of ``tileops.kernels.cuda.attention``) in several processes at once. TileLang's

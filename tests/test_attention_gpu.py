@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import compile_attention_programs, off_the_grid
+from helpers import compile_attention_programs, few_tests_selected, off_the_grid
 from tileops.ops.attention import AttentionBwdInterface, AttentionBwdOp, AttentionFwdInterface, AttentionFwdOp
 from tileops.testing import workload_cases
 
@@ -61,11 +61,11 @@ def _calls():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _built_in_parallel():
+def _built_in_parallel(request):
     """Compile the programs of every call the tests make in several processes at once (TileLang's
     lowering and nvcc take seconds per program, and hold the interpreter); TileLang's disk cache
     then hands them to the kernels the tests build, so that the tests only launch."""
-    if not _hopper():
+    if not _hopper() or few_tests_selected(request):
         yield
         return
     device = torch.device("cuda", torch.cuda.current_device())

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import off_the_grid
+from helpers import few_tests_selected, off_the_grid
 from tileops.kernels.cuda.norm.backward import BACKWARD_KERNELS
 from tileops.ops.norm import (
     FusedAddLayerNormBwdInterface,
@@ -63,11 +63,13 @@ def _kernel(cls, call):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _build_concurrently():
+def _build_concurrently(request):
     """Compile the kernels the tests call in parallel threads first (compilation is per build
     identity). Under pytest-xdist every test process runs this fixture: each builds its share of
     the kernels with its share of the cores, and TileLang's disk cache hands the others' to it when
     its tests call them (each process building all of them, then 144, ran no test in 220 s with 12 processes)."""
+    if few_tests_selected(request):
+        return
     processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     share = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
     calls = [(kind, _call(kind, n, dtype, weight)) for kind, n, dtype, weight in

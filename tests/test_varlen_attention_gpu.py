@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import compile_attention_programs, off_the_grid, workload_params
+from helpers import compile_attention_programs, few_tests_selected, off_the_grid, workload_params
 from test_attention_gpu import RELATIVE, _close
 from tileops.ops.attention import (
     VarlenAttentionBwdInterface,
@@ -65,10 +65,10 @@ def _calls():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _built_in_parallel():
+def _built_in_parallel(request):
     """Compile the programs of every call the tests make in several processes at once; TileLang's
     disk cache then hands them to the kernels the tests build, so that the tests only launch."""
-    if not _hopper():
+    if not _hopper() or few_tests_selected(request):
         yield
         return
     device = torch.device("cuda", torch.cuda.current_device())
