@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..powers import pow2_ceil
 from . import programs
 
 #: The dtypes the TileLang kernels take (float64 is served by plain torch).
@@ -54,7 +55,7 @@ def rows_config(dtype: torch.dtype, vocab: int, aligned: bool) -> dict[str, Any]
     """The main build of the rows step: one block per row."""
     vec = programs.vector_width(dtype, aligned)
     accesses = vocab // vec
-    threads = min(MAX_THREADS, max(32, 1 << (math.ceil(accesses / UNROLL) - 1).bit_length()))
+    threads = min(MAX_THREADS, max(32, pow2_ceil(math.ceil(accesses / UNROLL))))
     return {"vec": vec, "threads": threads, "unroll": UNROLL, "splits": 1}
 
 

@@ -26,7 +26,8 @@ import math
 
 import torch
 
-from .policy import DTYPES, KINDS, MAX_THREADS, pow2_ceil
+from ..powers import pow2_ceil
+from .policy import DTYPES, KINDS, MAX_THREADS
 
 VARIANTS = ("register", "streamed", "scalar")
 

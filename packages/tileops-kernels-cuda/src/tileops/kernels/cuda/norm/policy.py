@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from ..powers import pow2_ceil, pow2_floor
+
 KINDS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm")
 
 VARIANTS = ("register", "shared", "streamed", "scalar")
@@ -220,15 +222,6 @@ def check_kind(kind: str, has_bias: bool) -> None:
 # --------------------------------------------------------------------------
 
 
-def _pow2_floor(v: int) -> int:
-    return 1 << (v.bit_length() - 1)
-
-
-def pow2_ceil(v: int) -> int:
-    """The least power of two at or above ``v`` (1 for ``v`` <= 1): thread counts per row."""
-    return 1 << max(0, (v - 1).bit_length())
-
-
 def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[str, Any]:
     """Launch configuration of a variant (``make_program``'s keywords).
 
@@ -363,7 +356,7 @@ def few_row_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any]
         return None
     if config["mode"] == "register" and config["rows"] == 1:
         return None
-    two_vectors_each = _pow2_floor(n // config["vec"] // 2)
+    two_vectors_each = pow2_floor(n // config["vec"] // 2)
     return {**config, "mode": "register", "rows": 1, "tpr": two_vectors_each, "unroll": 4, "preload": row_bytes <= 2048}
 
 

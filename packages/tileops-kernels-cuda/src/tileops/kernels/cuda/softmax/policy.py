@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ..powers import pow2_ceil
 from . import programs
 
 #: The dtypes the TileLang kernels take (float64 is served by plain torch).
@@ -69,10 +70,6 @@ def refusal(variant: str, n: int, dtype: torch.dtype, out_dtype: torch.dtype) ->
     return None
 
 
-def _pow2_ceil(value: int) -> int:
-    return 1 << max(0, (value - 1).bit_length())
-
-
 def launch_config(variant: str, n: int, dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
     """The main build's configuration (``programs.make_program``'s keywords) before tuning."""
     vec = programs.vector_width(dtype, aligned)
@@ -80,7 +77,7 @@ def launch_config(variant: str, n: int, dtype: torch.dtype, aligned: bool) -> di
     if variant == "register":
         # About four accesses per thread, at most 32 elements, at most 1024 threads per row.
         per_thread = _ACCESSES_PER_THREAD if vec > 1 else _ACCESSES_PER_THREAD * 4
-        tpr = min(_pow2_ceil(math.ceil(accesses / per_thread)), programs.MAX_THREADS)
+        tpr = min(pow2_ceil(math.ceil(accesses / per_thread)), programs.MAX_THREADS)
         rows = max(1, _MIN_BLOCK_THREADS // tpr)
         return {"variant": "register", "vec": vec, "threads": tpr * rows, "rows": rows}
     return {"variant": "streamed", "vec": vec, "threads": _STREAMED_THREADS, "unroll": _STREAMED_UNROLL}
