@@ -14,6 +14,7 @@ import torch
 from tileops.core import Kernel
 
 from ..compute_dtypes import COMPUTE_DTYPES, as_dtype, widened
+from ..float64_on_cuda import float64_on_cuda
 from .interfaces import (
     ActivationBwdInterface,
     ActivationCall,
@@ -112,27 +113,11 @@ class TorchCpuPackedGatedBwd(_TorchActivation, PackedGatedBwdInterface):
         return torch.cat(self.gated_gradients(dy, gate, up), -1)
 
 
-class _Float64OnCuda:
-    """Mixed into a CPU implementation: the same computation for float64 calls on CUDA, which
-    the TileLang kernels refuse."""
-
-    devices = frozenset({"cuda"})
-    general = False
-
-    @classmethod
-    def refusal(cls, call) -> str | None:
-        if call.dtype != torch.float64:
-            return f"serves float64 only (the TileLang kernels serve {call.dtype})"
-        return None
-
-
 #: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
 IMPLEMENTATIONS = {
     interface: {
         "torch_cpu": cpu_class,
-        "torch_float64": type(
-            cpu_class.__name__.replace("TorchCpu", "TorchFloat64"), (_Float64OnCuda, cpu_class), {"__module__": __name__}
-        ),
+        "torch_float64": float64_on_cuda(cpu_class),
     }
     for interface, cpu_class in (
         (ActivationFwdInterface, TorchCpuActivation),

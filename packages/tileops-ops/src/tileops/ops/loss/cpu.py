@@ -14,6 +14,7 @@ import torch
 from tileops.core import Kernel
 
 from ..compute_dtypes import compute_dtype
+from ..float64_on_cuda import float64_on_cuda
 from .interfaces import CrossEntropyCall, CrossEntropyGradInterface, CrossEntropyRowsInterface
 
 
@@ -98,28 +99,12 @@ class TorchCpuCrossEntropyGrad(_TorchLoss, CrossEntropyGradInterface):
         return dlogits if grad is dlogits else dlogits.copy_(grad)
 
 
-class _Float64OnCuda:
-    """Mixed into a CPU implementation: the same computation for float64 calls on CUDA, which
-    the TileLang kernels refuse."""
-
-    devices = frozenset({"cuda"})
-    general = False
-
-    @classmethod
-    def refusal(cls, call) -> str | None:
-        if call.dtype != torch.float64:
-            return f"serves float64 only (the TileLang kernels serve {call.dtype})"
-        return None
-
-
 #: key -> class per interface: the CPU implementations, and the float64 ones on CUDA. A key names
 #: one implementation across an op's interfaces, so the grad step's keys end in ``_grad``.
 IMPLEMENTATIONS = {
     interface: {
         f"torch_cpu{suffix}": cpu_class,
-        f"torch_float64{suffix}": type(
-            cpu_class.__name__.replace("TorchCpu", "TorchFloat64"), (_Float64OnCuda, cpu_class), {"__module__": __name__}
-        ),
+        f"torch_float64{suffix}": float64_on_cuda(cpu_class),
     }
     for interface, cpu_class, suffix in (
         (CrossEntropyRowsInterface, TorchCpuCrossEntropyRows, ""),

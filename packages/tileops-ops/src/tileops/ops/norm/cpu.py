@@ -15,6 +15,7 @@ import torch
 from tileops.core import Kernel
 
 from ..compute_dtypes import COMPUTE_DTYPES, as_dtype, widened
+from ..float64_on_cuda import float64_on_cuda
 from .interfaces import (
     FusedAddLayerNormBwdInterface,
     FusedAddLayerNormFwdInterface,
@@ -171,22 +172,9 @@ class TorchCpuFusedAddLayerNormBwd(_TorchNorm, FusedAddLayerNormBwdInterface):
         return self._gradients(dy, residual_sum, weight, mean, rstd, dresidual_sum)
 
 
-def _float64_on_cuda(cpu_class: type[_TorchNorm]) -> type[_TorchNorm]:
-    """The same implementation for float64 calls on CUDA (the TileLang kernels refuse them)."""
-
-    def refusal(cls, call: NormCall) -> str | None:
-        if call.dtype != torch.float64:
-            return f"serves float64 only (the TileLang kernels serve {call.dtype})"
-        return None
-
-    name = cpu_class.__name__.replace("TorchCpu", "TorchFloat64")
-    namespace = {"devices": frozenset({"cuda"}), "general": False, "refusal": classmethod(refusal), "__module__": __name__}
-    return type(name, (cpu_class,), namespace)
-
-
 #: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
 IMPLEMENTATIONS = {
-    interface: {"torch_cpu": cpu_class, "torch_float64": _float64_on_cuda(cpu_class)}
+    interface: {"torch_cpu": cpu_class, "torch_float64": float64_on_cuda(cpu_class)}
     for interface, cpu_class in (
         (RMSNormFwdInterface, TorchCpuRMSNorm),
         (LayerNormFwdInterface, TorchCpuLayerNorm),

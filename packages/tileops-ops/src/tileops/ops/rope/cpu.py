@@ -14,6 +14,7 @@ import torch
 from tileops.core import Kernel
 
 from ..compute_dtypes import as_dtype
+from ..float64_on_cuda import float64_on_cuda
 from .interfaces import (
     RopeCall,
     RotaryEmbeddingBwdInterface,
@@ -107,22 +108,17 @@ class TorchCpuRotaryEmbeddingInplace(_TorchRope, RotaryEmbeddingInplaceInterface
         k.copy_(k_rot)
 
 
-def _float64_on_cuda(cpu_class: type[_TorchRope]) -> type[_TorchRope]:
-    """The same implementation for float64 calls on CUDA (the TileLang kernels refuse them)."""
+def _float64_in_x_or_caches(call: RopeCall) -> bool:
+    return torch.float64 in (call.dtype, call.cos_dtype)
 
-    def refusal(cls, call: RopeCall) -> str | None:
-        if torch.float64 not in (call.dtype, call.cos_dtype):
-            return f"serves float64 only (the TileLang kernels serve {call.dtype} with {call.cos_dtype} caches)"
-        return None
 
-    name = cpu_class.__name__.replace("TorchCpu", "TorchFloat64")
-    namespace = {"devices": frozenset({"cuda"}), "general": False, "refusal": classmethod(refusal), "__module__": __name__}
-    return type(name, (cpu_class,), namespace)
+def _dtypes(call: RopeCall) -> str:
+    return f"{call.dtype} with {call.cos_dtype} caches"
 
 
 #: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
 IMPLEMENTATIONS = {
-    interface: {"torch_cpu": cpu_class, "torch_float64": _float64_on_cuda(cpu_class)}
+    interface: {"torch_cpu": cpu_class, "torch_float64": float64_on_cuda(cpu_class, _float64_in_x_or_caches, _dtypes)}
     for interface, cpu_class in (
         (RotaryEmbeddingFwdInterface, TorchCpuRotaryEmbedding),
         (RotaryEmbeddingBwdInterface, TorchCpuRotaryEmbeddingBwd),

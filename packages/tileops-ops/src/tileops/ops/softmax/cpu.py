@@ -15,6 +15,7 @@ import torch
 from tileops.core import Kernel
 
 from ..compute_dtypes import COMPUTE_DTYPES, as_dtype, widened
+from ..float64_on_cuda import float64_on_cuda
 from .interfaces import SoftmaxBwdInterface, SoftmaxCall, SoftmaxFwdInterface
 
 
@@ -54,27 +55,19 @@ class TorchCpuSoftmaxBwd(_TorchSoftmax, SoftmaxBwdInterface):
         return as_dtype(backward(dy_w, y_w, -1, dy_w.dtype), dy.dtype)
 
 
-class _Float64OnCuda:
-    """Mixed into a CPU implementation: the same computation for CUDA calls with a float64
-    input or output, which the TileLang kernels refuse."""
+def _float64_in_or_out(call: SoftmaxCall) -> bool:
+    return torch.float64 in (call.dtype, call.out_dtype)
 
-    devices = frozenset({"cuda"})
-    general = False
 
-    @classmethod
-    def refusal(cls, call: SoftmaxCall) -> str | None:
-        if torch.float64 not in (call.dtype, call.out_dtype):
-            return f"serves float64 only (the TileLang kernels serve {call.dtype} -> {call.out_dtype})"
-        return None
+def _dtypes(call: SoftmaxCall) -> str:
+    return f"{call.dtype} -> {call.out_dtype}"
 
 
 #: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
 IMPLEMENTATIONS = {
     interface: {
         "torch_cpu": cpu_class,
-        "torch_float64": type(
-            cpu_class.__name__.replace("TorchCpu", "TorchFloat64"), (_Float64OnCuda, cpu_class), {"__module__": __name__}
-        ),
+        "torch_float64": float64_on_cuda(cpu_class, _float64_in_or_out, _dtypes),
     }
     for interface, cpu_class in ((SoftmaxFwdInterface, TorchCpuSoftmax), (SoftmaxBwdInterface, TorchCpuSoftmaxBwd))
 }
