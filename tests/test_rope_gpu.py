@@ -149,6 +149,23 @@ def test_float64_gradcheck_on_cuda():
     assert torch.autograd.gradcheck(lambda a, b: op(a, b, cos, sin, position_ids), (q, k))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_positions_outside_the_caches_read_zeros_on_cuda_without_a_fault(dtype):
+    # Not refused on CUDA (that would synchronise): the TileLang kernels and the float64
+    # implementation alike read cos = sin = 0 there, so those tokens' rotated columns are 0.
+    cos, sin = (t.to("cuda", dtype) for t in llama_caches(8, 64))
+    q = torch.randn(1, 4, 4, 64, device="cuda", dtype=dtype)
+    k = torch.randn(1, 4, 2, 64, device="cuda", dtype=dtype)
+    position_ids = torch.tensor([[1, 8, -3, 5]], device="cuda")
+    op = RotaryEmbeddingFwdOp()
+    q_rot, k_rot = op(q, k, cos, sin, position_ids)
+    inside = RotaryEmbeddingFwdOp()(q[:, [0, 3]], k[:, [0, 3]], cos, sin, position_ids[:, [0, 3]])
+    torch.testing.assert_close(q_rot[:, [0, 3]], inside[0], atol=0, rtol=0)
+    torch.testing.assert_close(k_rot[:, [0, 3]], inside[1], atol=0, rtol=0)
+    assert not q_rot[:, 1:3].any() and not k_rot[:, 1:3].any()
+    torch.cuda.synchronize()  # no device-side fault was left behind
+
+
 def test_a_compiled_training_step_on_cuda_needs_no_graph_break():
     torch._dynamo.reset()
     op = RotaryEmbeddingFwdOp()

@@ -413,6 +413,25 @@ def test_bad_calls_name_the_op_and_the_argument():
         op(q[..., :63], k[..., :63], cos[:, :63], sin[:, :63], position_ids)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_positions_outside_the_caches_are_refused_on_the_cpu_naming_the_first(compiled):
+    q, k = _qk(2, 3, 4, 2, 64)
+    cos, sin = llama_caches(8, 64)
+    ops = (RotaryEmbeddingFwdOp(), RotaryEmbeddingBwdOp(), RotaryEmbeddingInplaceFwdOp())
+    for position in (8, -1, 100):
+        # A negative position is refused too: counted from the end, it would take another's angle.
+        position_ids = torch.tensor([[0, 1, 2], [3, 4, position]])
+        for op in ops:
+            call = torch.compile(op, fullgraph=True) if compiled else op
+            name = type(op).__name__
+            with pytest.raises(OpArgumentError, match=rf"{name}: argument 'position_ids' holds {position} at \(1, 2\); "
+                                                      r"expected positions in \[0, 8\) \(the rows of cos and sin\)"):
+                call(q.clone(), k.clone(), cos, sin, position_ids)
+    flat = torch.tensor([0, 1, 2, 3, 4, 9])  # (tokens,) positions of 3-D q and k
+    with pytest.raises(OpArgumentError, match=r"holds 9 at 5; expected positions in \[0, 8\)"):
+        RotaryEmbeddingFwdOp()(q.flatten(0, 1), k.flatten(0, 1), cos, sin, flat)
+
+
 # -- the bench's peer -----------------------------------------------------------------------------
 
 class _LigerRecorder:

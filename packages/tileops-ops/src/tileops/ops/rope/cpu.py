@@ -23,6 +23,20 @@ from .interfaces import (
 )
 
 
+def _rows_at(cache: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """The rows of ``cache`` (P, R) at ``position_ids``, shaped (*position_ids.shape, R). On the
+    CPU a position outside [0, P) raises IndexError, negative ones too (``torch.embedding`` does
+    not count from the end, which would rotate by another position's angle; 0.8 us more than
+    ``cache[position_ids]`` on a small call), which the op turns into an error naming the
+    position. On CUDA (this is the float64 implementation there) such a position reads zeros, as
+    the TileLang kernels' guarded loads do: refusing it would take a synchronisation, and
+    indexing past the end stops the device with an assert."""
+    if cache.device.type == "cpu":
+        return torch.embedding(cache, position_ids)
+    inside = (position_ids >= 0) & (position_ids < cache.shape[0])
+    return cache[position_ids.clamp(0, cache.shape[0] - 1)] * inside.unsqueeze(-1)
+
+
 class _TorchRope(Kernel):
     """Both maps as ``x * c + partner(x) * t``, where ``partner(x)`` holds each column's partner
     (the other half's column for neox, the pair's other column for gptj) and ``t`` is sin, signed
@@ -72,11 +86,11 @@ class _TorchRope(Kernel):
         # No autograd history to keep out: the op's autograd node runs this with grad off, and
         # an untracked call has no input that requires grad.
         dtype = torch.float64 if torch.float64 in (x.dtype, cos.dtype) else torch.float32
-        c = as_dtype(cos[position_ids], dtype).unsqueeze(-2)  # (T, 1, R): one row per token, every head
+        c = as_dtype(_rows_at(cos, position_ids), dtype).unsqueeze(-2)  # (T, 1, R): one row per token, every head
         signs = self._signs[dtype]
         if signs.device != c.device:
             signs = self._signs[dtype] = signs.to(c.device)
-        t = as_dtype(sin[position_ids], dtype).unsqueeze(-2) * signs
+        t = as_dtype(_rows_at(sin, position_ids), dtype).unsqueeze(-2) * signs
         if self.inverse:
             t = self._partner(t)
         return self._apply(x, c, t), self._apply(y, c, t)

@@ -16,7 +16,7 @@ from importlib.resources import files
 
 import torch
 
-from tileops.core import Op
+from tileops.core import Op, OpArgumentError
 
 from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS
@@ -37,6 +37,20 @@ def _deliver(result, like: torch.Tensor):
         return result.view_as(like)  # a third of the cost of view(like.shape)
     except (AttributeError, TypeError, RuntimeError):  # not a tensor, or not like's size
         return result
+
+
+def refuse_positions_outside(op_name: str, position_ids: torch.Tensor, positions: int) -> None:
+    """Raise an error naming the first of ``position_ids`` outside [0, positions), if one is.
+    Called where an implementation raised IndexError (the CPU's, for such a position): a good
+    call pays for no pass over the positions."""
+    bad = (position_ids < 0) | (position_ids >= positions)
+    if not bool(bad.any()):
+        return
+    at = tuple(int(i) for i in bad.nonzero()[0])
+    raise OpArgumentError(
+        f"{op_name}: argument 'position_ids' holds {int(position_ids[at])} at {at if len(at) > 1 else at[0]}; "
+        f"expected positions in [0, {positions}) (the rows of cos and sin)"
+    )
 
 
 class _RopeOp(Op):
@@ -75,11 +89,15 @@ class _RopeOp(Op):
         kernel = self.kernel_for(
             interface, device, x.dtype, cos.dtype, x.shape[-2], y.shape[-2], x.shape[-1], vector_ready(device, 0, x.dtype, x, y, cos, sin)
         )
-        if kernel.takes_any_shape:
-            return kernel.forward(x, y, cos, sin, position_ids)
-        positions = position_ids.view(-1)
-        tokens = positions.shape[0]
-        result = kernel.forward(_tokens(x, tokens), _tokens(y, tokens), cos, sin, positions)
+        try:
+            if kernel.takes_any_shape:
+                return kernel.forward(x, y, cos, sin, position_ids)
+            positions = position_ids.view(-1)
+            tokens = positions.shape[0]
+            result = kernel.forward(_tokens(x, tokens), _tokens(y, tokens), cos, sin, positions)
+        except IndexError:
+            refuse_positions_outside(type(self).__name__, position_ids, cos.shape[0])
+            raise
         if type(result) is not tuple or len(result) != 2:
             return result
         return _deliver(result[0], x), _deliver(result[1], y)
@@ -126,5 +144,9 @@ class RotaryEmbeddingInplaceFwdOp(_RopeOp):
             RotaryEmbeddingInplaceInterface, device, q.dtype, cos.dtype, q.shape[-2], k.shape[-2], q.shape[-1],
             vector_ready(device, 0, q.dtype, q, k, cos, sin),
         )
-        kernel.forward(q, k, cos, sin, position_ids)
+        try:
+            kernel.forward(q, k, cos, sin, position_ids)
+        except IndexError:
+            refuse_positions_outside(type(self).__name__, position_ids, cos.shape[0])
+            raise
         return q, k
