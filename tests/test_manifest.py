@@ -166,6 +166,11 @@ def test_bad_calls_name_the_op_the_argument_what_was_declared_and_what_came(call
         (lambda: RMSNormFwdOp([]), "normalized_shape must name at least one dimension"),
         (lambda: LayerNormFwdOp(8, eps=-1.0), "eps must be non-negative"),
         (lambda: LayerNormFwdOp(8, eps="small"), "param 'eps' expected a float, got 'small'"),
+        # Arguments the constructor does not take: named with what it takes, not as __init__'s.
+        (lambda: LayerNormFwdOp(8, epsilon=1e-6),
+         "LayerNormFwdOp: got an unexpected keyword argument 'epsilon'; it takes (normalized_shape, eps=1e-05, *, target=None)"),
+        (lambda: RMSNormFwdOp(), "RMSNormFwdOp: missing a required argument: 'normalized_shape'; it takes (normalized_shape"),
+        (lambda: RMSNormFwdOp(8, None, "cuda"), "RMSNormFwdOp: too many positional arguments; it takes"),
     ],
 )
 def test_bad_construction_arguments_are_refused(build, message):

@@ -61,6 +61,15 @@ def _class_value(cls: type, name: str, compute: Callable[[], Any]) -> Any:
     return _class_values[key]
 
 
+def _constructor_parameters(cls: type) -> tuple[inspect.Signature, str]:
+    """The signature of ``cls``'s constructor (self bound) and how it reads, without annotations:
+    ``(a, b=1, *, target=None)``."""
+    signature = inspect.signature(cls.__init__)
+    parameters = list(signature.parameters.values())[1:]
+    shown = inspect.Signature([p.replace(annotation=inspect.Parameter.empty) for p in parameters])
+    return signature, str(shown)
+
+
 def _missing_distribution(reference: str, interface: type[KernelInterface], error: ModuleNotFoundError) -> type[Kernel]:
     """The stand-in for a kernel table whose module is not installed: one key (the module's
     name), unavailable everywhere, saying what to install."""
@@ -206,6 +215,16 @@ class Op:
         )
 
     # -- instance ------------------------------------------------------------------------------
+    def __new__(cls, *args: Any, **kwargs: Any) -> Op:
+        # Arguments the constructor cannot take are refused naming the op and what it takes, as
+        # a call's are: Python's own TypeError names ``__init__`` (or a private base's).
+        signature, shown = _class_value(cls, "constructor", lambda: _constructor_parameters(cls))
+        try:
+            signature.bind(None, *args, **kwargs)
+        except TypeError as error:
+            raise OpArgumentError(f"{cls.__name__}: {error}; it takes {shown}") from None
+        return super().__new__(cls)
+
     def __init__(self, *, target: str | None = None, **params: Any) -> None:
         cls = type(self)
         name = cls.__name__
