@@ -172,6 +172,16 @@ def test_cross_entropy_loss_adds_z_loss_and_soft_caps_and_refuses_what_it_does_n
         tnn.CrossEntropyLoss(reduction="avg")
     with pytest.raises(TypeError, match="CrossEntropyLoss: target must hold class indices"):
         tnn.CrossEntropyLoss()(logits, torch.softmax(logits, -1))
+    # A target of another shape is refused, as torch refuses it, not flattened into other rows.
+    for got, want in (((8, 1), r"\(8,\)"), ((1, 8), r"\(8,\)")):
+        with pytest.raises(ValueError, match=rf"CrossEntropyLoss: target must have the shape of input \(8, 50\) without its "
+                                             rf"class dimension \(dim 1, as in torch\), {want}; got \({got[0]}, {got[1]}\)"):
+            tnn.CrossEntropyLoss()(logits, target.view(got))
+    with pytest.raises(ValueError, match=r"input \(2, 8, 5\) without its class dimension \(dim 1, as in torch\), \(2, 5\); got \(2, 8\)"):
+        tnn.CrossEntropyLoss()(torch.randn(2, 8, 5), torch.zeros(2, 8, dtype=torch.long))
+    one = torch.randn(50)  # one sample: torch takes a target of () or (1,), and gives a loss of ()
+    for given in (torch.tensor(3), torch.tensor([3])):
+        assert tnn.CrossEntropyLoss(reduction="none")(one, given).shape == F.cross_entropy(one, given, reduction="none").shape == ()
 
 
 def test_linear_cross_entropy_loss_is_the_lm_head_then_the_loss():
@@ -191,6 +201,9 @@ def test_linear_cross_entropy_loss_is_the_lm_head_then_the_loss():
     torch.testing.assert_close(dweight, head.weight.grad)
     with pytest.raises(ValueError, match="LinearCrossEntropyLoss: reduction must be one of 'mean', 'sum', got 'none'"):
         tnn.LinearCrossEntropyLoss(reduction="none")
+    with pytest.raises(ValueError, match=r"LinearCrossEntropyLoss: target must have the shape of hidden_states \(2, 7, 16\) "
+                                         r"without H, \(2, 7\); got \(7, 2\)"):
+        tnn.LinearCrossEntropyLoss()(hidden, head.weight, target.t(), head.bias)
 
 
 def test_the_new_modules_compile_and_take_a_target():

@@ -32,6 +32,13 @@ def _check_class_indices(module: str, target: torch.Tensor) -> None:
                         "class probabilities are not supported")
 
 
+def _check_target_shape(module: str, target: torch.Tensor, expected: tuple[int, ...], of: str) -> None:
+    """A target of another shape than ``expected`` would be flattened into a wrong pairing of
+    rows and classes (or one torch refuses): refuse it, saying the shape it must have."""
+    if tuple(target.shape) != expected:
+        raise ValueError(f"{module}: target must have the shape of {of}, {expected}; got {tuple(target.shape)}")
+
+
 class CrossEntropyLoss(torch.nn.Module):
     """``torch.nn.CrossEntropyLoss`` on ``CrossEntropyFwdOp`` (reductions ``"mean"`` and
     ``"sum"``) and ``CrossEntropyPerRowFwdOp`` (``"none"``): ``CrossEntropyLoss(weight=None,
@@ -59,12 +66,20 @@ class CrossEntropyLoss(torch.nn.Module):
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         _check_class_indices("CrossEntropyLoss", target)
         if input.dim() == 1:  # one sample of C classes
+            if target.numel() != 1 or target.dim() > 1:  # torch takes () and (1,)
+                _check_target_shape("CrossEntropyLoss", target, (), f"one sample's class index for input {tuple(input.shape)}")
             logits, target_ids = input.unsqueeze(0), target.reshape(1)
         else:
+            expected = (input.shape[0], *input.shape[2:])
+            if target.shape != expected:
+                _check_target_shape("CrossEntropyLoss", target, tuple(expected),
+                                    f"input {tuple(input.shape)} without its class dimension (dim 1, as in torch)")
             logits = input.movedim(1, -1).reshape(-1, input.shape[1]) if input.dim() > 2 else input
             target_ids = target.reshape(-1)
         loss, _ = self.op(logits, target_ids)
-        return loss.reshape(target.shape) if self.reduction == "none" else loss
+        if self.reduction != "none":
+            return loss
+        return loss.reshape(() if input.dim() == 1 else target.shape)  # torch's () for one sample
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
@@ -93,6 +108,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
         _check_class_indices("LinearCrossEntropyLoss", target)
+        if target.shape != hidden_states.shape[:-1]:
+            _check_target_shape("LinearCrossEntropyLoss", target, tuple(hidden_states.shape[:-1]),
+                                f"hidden_states {tuple(hidden_states.shape)} without H")
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])
         return self.op(rows, like(weight, rows), like(bias, rows), target.reshape(-1))
 
