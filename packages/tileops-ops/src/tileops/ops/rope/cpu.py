@@ -33,8 +33,8 @@ def _rows_at(cache: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     indexing past the end stops the device with an assert."""
     if cache.device.type == "cpu":
         return torch.embedding(cache, position_ids)
-    inside = (position_ids >= 0) & (position_ids < cache.shape[0])
-    return cache[position_ids.clamp(0, cache.shape[0] - 1)] * inside.unsqueeze(-1)
+    inside = ((position_ids >= 0) & (position_ids < cache.shape[0])).unsqueeze(-1)
+    return torch.where(inside, cache[position_ids.clamp(0, cache.shape[0] - 1)], 0.0)
 
 
 class _TorchRope(Kernel):
