@@ -121,6 +121,12 @@ def few_tests_selected(request: pytest.FixtureRequest) -> bool:
     return sum(item.path == module for item in request.session.items) < PREBUILD_FROM_TESTS
 
 
+def xdist_share() -> tuple[int, int]:
+    """(this test process's index, the number of test processes) under pytest-xdist; (0, 1)
+    without it. Prebuilding fixtures build their share ``[index::count]`` of the kernels."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
 def compile_attention_programs(calls, programs: str) -> None:
     """Compile the forward and backward programs of every attention call spec in ``calls`` (module
     ``programs`` of ``tileops.kernels.cuda.attention``) in several processes at once. TileLang's
@@ -138,8 +144,7 @@ def compile_attention_programs(calls, programs: str) -> None:
     jobs = [f"({kind!r}, ({source},))" for source in fields for kind in ("bwd", "fwd")]  # the slow builds first
     # Under pytest-xdist every test process runs this: each builds its share of the jobs with its
     # share of the cores (a program another process has not built yet is built where it is used).
-    processes_running = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    share = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    share, processes_running = xdist_share()
     jobs = jobs[share::processes_running]
     if not jobs:
         return
