@@ -11,6 +11,8 @@ class indices, as in torch; the backend target is the constructor's keyword ``ta
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import torch
 
 from tileops.nn._dtypes import like
@@ -32,11 +34,10 @@ def _check_class_indices(module: str, target: torch.Tensor) -> None:
                         "class probabilities are not supported")
 
 
-def _check_target_shape(module: str, target: torch.Tensor, expected: tuple[int, ...], of: str) -> None:
-    """A target of another shape than ``expected`` would be flattened into a wrong pairing of
-    rows and classes (or one torch refuses): refuse it, saying the shape it must have."""
-    if tuple(target.shape) != expected:
-        raise ValueError(f"{module}: target must have the shape of {of}, {expected}; got {tuple(target.shape)}")
+def _refuse_target_shape(module: str, target: torch.Tensor, expected: tuple[int, ...], of: str) -> NoReturn:
+    """Refuse a target whose shape is not ``expected`` (the caller has compared them), saying the
+    shape it must have: flattened, it would pair rows and classes wrongly (or torch refuses it)."""
+    raise ValueError(f"{module}: target must have the shape of {of}, {expected}; got {tuple(target.shape)}")
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -67,12 +68,12 @@ class CrossEntropyLoss(torch.nn.Module):
         _check_class_indices("CrossEntropyLoss", target)
         if input.dim() == 1:  # one sample of C classes
             if target.numel() != 1 or target.dim() > 1:  # torch takes () and (1,)
-                _check_target_shape("CrossEntropyLoss", target, (), f"one sample's class index for input {tuple(input.shape)}")
+                _refuse_target_shape("CrossEntropyLoss", target, (), f"one sample's class index for input {tuple(input.shape)}")
             logits, target_ids = input.unsqueeze(0), target.reshape(1)
         else:
-            expected = (input.shape[0], *input.shape[2:])
+            expected = (input.shape[0], *input.shape[2:])  # torch's: classes in dimension 1
             if target.shape != expected:
-                _check_target_shape("CrossEntropyLoss", target, tuple(expected),
+                _refuse_target_shape("CrossEntropyLoss", target, expected,
                                     f"input {tuple(input.shape)} without its class dimension (dim 1, as in torch)")
             logits = input.movedim(1, -1).reshape(-1, input.shape[1]) if input.dim() > 2 else input
             target_ids = target.reshape(-1)
@@ -109,7 +110,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                 bias: torch.Tensor | None = None) -> torch.Tensor:
         _check_class_indices("LinearCrossEntropyLoss", target)
         if target.shape != hidden_states.shape[:-1]:
-            _check_target_shape("LinearCrossEntropyLoss", target, tuple(hidden_states.shape[:-1]),
+            _refuse_target_shape("LinearCrossEntropyLoss", target, tuple(hidden_states.shape[:-1]),
                                 f"hidden_states {tuple(hidden_states.shape)} without H")
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])
         return self.op(rows, like(weight, rows), like(bias, rows), target.reshape(-1))
