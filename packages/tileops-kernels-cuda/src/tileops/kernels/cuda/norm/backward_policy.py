@@ -154,14 +154,19 @@ def _fused_vectors(kind: str, n: int, dtype: torch.dtype) -> dict | None:
     return best
 
 
+def _sums_bytes(kind: str, columns: int, threads: int) -> int:
+    """Bytes of float32 column sums (each part) for ``columns`` a thread of ``threads``."""
+    return parts_of(kind) * columns * threads * 4
+
+
 def _accumulators(kind: str, dtype: torch.dtype, columns: int, threads: int) -> str | None:
     """Where the register mode keeps its column sums: in registers when a block's registers fit
     half the register file (two blocks per SM, one loading while the other reduces), else in
     shared memory when they fit it and the rest of the registers fit the file; None: neither."""
     if threads * _registers(kind, dtype, columns, "register") <= REGISTER_FILE // 2:
         return "register"
-    shared = parts_of(kind) * columns * threads * 4
-    if shared <= _SHARED_ACCUMULATOR_BYTES and threads * _registers(kind, dtype, columns, "shared") <= REGISTER_FILE:
+    fits_shared = _sums_bytes(kind, columns, threads) <= _SHARED_ACCUMULATOR_BYTES
+    if fits_shared and threads * _registers(kind, dtype, columns, "shared") <= REGISTER_FILE:
         return "shared"
     return None
 
@@ -212,7 +217,7 @@ def shared_sum_bytes(kind: str, n: int, config: dict) -> int:
     layer_norm's streamed kernel ran at 31 % of the copy bandwidth on 16384 x 16384, rms_norm's
     (one part) at 75 %."""
     steps = 1 if config["mode"] == "register" else math.ceil(n // config["vec"] / (config["tpr"] * config["unroll"]))
-    return parts_of(kind) * steps * config["unroll"] * config["vec"] * config["tpr"] * config["rows"] * 4
+    return _sums_bytes(kind, steps * config["unroll"] * config["vec"], config["tpr"] * config["rows"])
 
 
 def blocks_per_sm(kind: str, n: int, dtype: torch.dtype, config: dict) -> int:
