@@ -59,7 +59,7 @@ def test_launch_rules_fit_the_hardware_for_every_length(kind, dtype):
                 assert policy.parts_of(kind) * n * rows * 4 <= sum_bytes <= 128 * 1024, (n, config)
             elif variant != "register":  # the streamed modes add into global memory only where they must
                 assert config["acc"] == "global" and sum_bytes > 128 * 1024, (n, config)
-                assert 1 <= policy.blocks_per_sm(kind, n, dtype, config) <= 2048 // (tpr * rows)
+            assert 1 <= policy.blocks_per_sm(kind, n, dtype, config) <= 2048 // (tpr * rows)
 
 
 def test_the_next_row_is_loaded_ahead_where_it_costs_no_block():
