@@ -113,6 +113,33 @@ def test_the_patched_model_computes_and_trains_as_the_unpatched_one(architecture
         assert_gradients_close(parameter.grad, expected[name].grad, name)
 
 
+def test_the_fused_loss_takes_the_forward_of_earlier_transformers_releases():
+    """Earlier releases named the KV cache past_key_values (4.x added cache_position): their
+    causal LMs get the fused loss too; a forward taking an input the fused one does not pass on
+    keeps its own."""
+    from tileops.integrations.transformers.loss import fused_forward_reason
+
+    class NamedPastKeyValues:
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+                    labels=None, use_cache=None, logits_to_keep=0, **kwargs): ...
+
+    class WithCachePosition:
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+                    labels=None, use_cache=None, cache_position=None, logits_to_keep=0, **kwargs): ...
+
+    class WithPixels:
+        def forward(self, input_ids=None, pixel_values=None, labels=None, logits_to_keep=0, **kwargs): ...
+
+    class WithoutKeywords:
+        def forward(self, input_ids=None, labels=None, logits_to_keep=0): ...
+
+    assert fused_forward_reason(NamedPastKeyValues) is None
+    assert fused_forward_reason(WithCachePosition) is None
+    assert fused_forward_reason(WithPixels) == ("its forward takes ('input_ids', 'pixel_values', 'labels', 'logits_to_keep', "
+                                                "'kwargs'), not the ones the fused forward knows")
+    assert "not the ones the fused forward knows" in fused_forward_reason(WithoutKeywords)
+
+
 @pytest.mark.parametrize(
     ("config", "original", "replacement", "count"),
     [("MixtralConfig", "MixtralRMSNorm", tileops_hf.LlamaRMSNorm, 5), ("Gemma3TextConfig", "Gemma3RMSNorm", tileops_hf.GemmaRMSNorm, 13)],
@@ -666,6 +693,7 @@ def test_the_cpu_training_benchmark_times_every_op_of_a_layer_against_torch():
 
 
 def test_the_end_to_end_benchmark_runs_its_quick_form():
+    import argparse
     import importlib.util
     from pathlib import Path
 
@@ -675,20 +703,27 @@ def test_the_end_to_end_benchmark_runs_its_quick_form():
     spec.loader.exec_module(bench)
     text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu"])
     rows = [line for line in text.splitlines() if line.startswith("| eager |") or line.startswith("| tileops |")]
-    assert len(rows) == 2 and "13 parts replaced, 1 left" in rows[1]
+    assert len(rows) == 2 and "13 parts replaced, 1 left (rotary embedding 1)" in rows[1]
     cells = [row.split("|")[2:6] for row in rows]
     assert all(cell.strip() == "not measured" for row in cells for cell in row[1:2])  # torch counts CUDA memory only
     assert all(float(cell) > 0 for row in cells for cell in row[:1] + row[2:])
 
+    # Each variant is measured in a process of its own; one that fails there raises its last
+    # line of error output.
+    args = argparse.Namespace(quick=True, batch=2, seq=16, prompt=4, new_tokens=4, repeats=1, dtype="no_such_dtype",
+                              device="cpu")
+    with pytest.raises(bench.VariantFailed, match="no attribute 'no_such_dtype'"):
+        bench.measure_apart("eager", args)
+
     # A variant that fails is its row's failure; the others are still measured.
-    measure = bench.measure
+    measure_apart = bench.measure_apart
 
     def out_of_memory_in_eager(variant, *args):
         if variant == "eager":
-            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-        return measure(variant, *args)
+            raise bench.VariantFailed("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        return measure_apart(variant, *args)
 
-    bench.measure = out_of_memory_in_eager
+    bench.measure_apart = out_of_memory_in_eager
     text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu"])
-    assert "| eager | | | | | not run: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB |" in text
+    assert "| eager | | | | | not run: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB |" in text
     assert any(line.startswith("| tileops | ") and "13 parts replaced" in line for line in text.splitlines())

@@ -19,13 +19,19 @@ vocabulary 128256, as Llama 3.2 1B). For each variant it measures, on the same i
 
 Variants: ``eager`` and ``compile`` (unpatched), ``liger`` (``apply_liger_kernel_to_llama`` on
 the instance), ``tileops`` and ``tileops-compile`` (``tileops.integrations.transformers.apply``).
-Each variant builds its own model from the same seed.
+Each variant builds its own model from the same seed, in an interpreter of its own: Liger-Kernel's
+patch also replaces classes and functions of transformers' Llama module, so every model built
+after it in the same process would run on them. The patch column says how many parts TileOPs
+replaced and which kinds it left.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import subprocess
+import sys
+from collections import Counter
 
 import torch
 
@@ -64,7 +70,10 @@ def build(variant: str, config, dtype: torch.dtype, device: torch.device) -> tup
         import tileops.integrations.transformers as tileops_hf
 
         report = tileops_hf.apply(model)
+        left = Counter(part.kind for part in report.left)
         note = f"{len(report.replaced)} parts replaced, {len(report.left)} left"
+        if left:
+            note += " (" + ", ".join(f"{kind} {count}" for kind, count in sorted(left.items())) + ")"
     return model, note
 
 
@@ -128,6 +137,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class VariantFailed(RuntimeError):
+    """A variant's measuring process failed; the message is its last line of error output."""
+
+
+def measure_apart(variant: str, args: argparse.Namespace) -> dict:
+    """``measure()`` of one variant in a fresh interpreter running this script (see the module's
+    docstring); its error, if any, raised here with the child's last line of error output."""
+    command = [sys.executable, "-P", __file__, "--measure-one", variant, "--batch", str(args.batch), "--seq", str(args.seq),
+               "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+               "--dtype", args.dtype, "--device", args.device] + (["--quick"] if args.quick else [])
+    child = subprocess.run(command, capture_output=True, text=True)
+    # The child's log (kernel builds, library warnings) is the run's log too.
+    sys.stderr.write(child.stderr)
+    if child.returncode != 0:
+        lines = [line for line in child.stderr.strip().splitlines() if line.strip()]
+        raise VariantFailed(lines[-1] if lines else f"the measuring process exited with status {child.returncode}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model and short sequences: checks the code paths")
@@ -139,6 +167,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats after a warm-up (default 5; 1 with --quick)")
     parser.add_argument("--dtype", default=None, help="bfloat16 (default) or float32 (default with --quick off CUDA)")
     parser.add_argument("--device", default=None, help="default: cuda where present, else cpu")
+    parser.add_argument("--measure-one", choices=VARIANTS, help=argparse.SUPPRESS)  # the child of measure_apart()
     args = parser.parse_args(argv)
     quick = {"batch": 2, "seq": 16, "prompt": 4, "new_tokens": 4, "repeats": 1}
     full = {"batch": 4, "seq": 2048, "prompt": 128, "new_tokens": 128, "repeats": 5}
@@ -146,6 +175,7 @@ def main(argv: list[str] | None = None) -> str:
         if getattr(args, name) is None:
             setattr(args, name, value)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    args.device = str(device)
     if args.dtype is None:
         args.dtype = "float32" if args.quick and device.type == "cpu" else "bfloat16"
     if not args.quick and device.type != "cuda":
@@ -158,20 +188,23 @@ def main(argv: list[str] | None = None) -> str:
     import transformers
 
     config = transformers.LlamaConfig(**(QUICK if args.quick else FULL))
+    if args.measure_one:
+        row = json.dumps(measure(args.measure_one, config, args, device))
+        print(row)
+        return row
     rows = []
     for variant in variants:
         # One variant's failure (Liger-Kernel not installed, a compile error, out of memory) is
         # its row's; the others still run. Each row is printed as it is measured, so that a run
         # stopped part way keeps what it measured.
         try:
-            rows.append(measure(variant, config, args, device))
+            rows.append(measure_apart(variant, args))
         except Exception as error:  # noqa: BLE001 - reported in the table
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            rows.append({"variant": variant, "error": f"{type(error).__name__}: {message}"[:300]})
+            if not isinstance(error, VariantFailed):
+                message = f"{type(error).__name__}: {message}"
+            rows.append({"variant": variant, "error": message[:300]})
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-        gc.collect()  # the variant's model and optimizer state are gone
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     text = (f"Llama {'(quick) ' if args.quick else ''}on {device.type}, {args.dtype}, batch {args.batch} x seq {args.seq}; "
             f"decode {args.new_tokens} tokens after {args.prompt}\n\n" + table(rows))
     print(text)

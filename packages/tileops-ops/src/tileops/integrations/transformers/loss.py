@@ -30,10 +30,13 @@ from tileops.ops import CrossEntropyFwdOp, LinearCrossEntropyFwdOp
 
 IGNORE_INDEX = -100
 
-#: The forward parameters of the causal LMs whose forward the fused one replaces (Llama,
-#: Mistral, Qwen2, Qwen3, Gemma in transformers 5).
-FORWARD_PARAMETERS = ("self", "input_ids", "attention_mask", "position_ids", "cache", "inputs_embeds", "labels", "use_cache",
-                      "logits_to_keep", "kwargs")
+#: The forward parameters the fused forward handles (those of Llama, Mistral, Qwen2, Qwen3 and
+#: Gemma's causal LMs): it needs the first three, passes the others on to the base model, and
+#: refuses a forward that takes one it does not know. The KV cache is ``cache`` in recent
+#: transformers and ``past_key_values`` before (and ``cache_position`` came with it in 4.x).
+NEEDED_PARAMETERS = frozenset({"input_ids", "labels", "logits_to_keep"})
+KNOWN_PARAMETERS = NEEDED_PARAMETERS | {"attention_mask", "position_ids", "cache", "past_key_values", "cache_position",
+                                        "inputs_embeds", "use_cache"}
 
 
 def _shifted(labels: torch.Tensor, shift_labels: torch.Tensor | None) -> torch.Tensor:
@@ -75,12 +78,17 @@ class CausalLMLoss:
         return _scaled(loss.float(), num_items_in_batch)
 
 
+def _forward_signature(cls: type) -> inspect.Signature:
+    return inspect.signature(inspect.unwrap(cls.forward))
+
+
 def fused_forward_reason(cls: type) -> str | None:
     """Why the fused forward cannot replace ``cls``'s, or None where it can."""
-    forward = inspect.unwrap(cls.forward)
-    parameters = tuple(inspect.signature(forward).parameters)
-    if parameters != FORWARD_PARAMETERS:
-        return f"its forward takes {parameters[1:]}, not the ones the fused forward knows"
+    parameters = list(_forward_signature(cls).parameters.values())[1:]
+    named = {parameter.name for parameter in parameters if parameter.kind is not inspect.Parameter.VAR_KEYWORD}
+    takes_keywords = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+    if not takes_keywords or not NEEDED_PARAMETERS <= named or not named <= KNOWN_PARAMETERS:
+        return f"its forward takes {tuple(parameter.name for parameter in parameters)}, not the ones the fused forward knows"
     return None
 
 
@@ -90,29 +98,36 @@ def fused_forward_class(cls: type) -> type:
     docstring). The model's ``tileops_linear_loss`` holds the ops (mean, sum)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None, labels=None,
-                use_cache=None, logits_to_keep=0, **kwargs):
-        if cache is None and "past_key_values" in kwargs:
+    signature = _forward_signature(cls)
+    keywords = next(name for name, parameter in signature.parameters.items() if parameter.kind is inspect.Parameter.VAR_KEYWORD)
+    # The output's field for the cache has the forward's name for it.
+    cache_field = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+    def forward(self, *args, **kwargs):
+        arguments = signature.bind(self, *args, **kwargs).arguments
+        extra = dict(arguments.pop(keywords, {}))
+        labels = arguments.pop("labels", None)
+        logits_to_keep = arguments.pop("logits_to_keep", 0)
+        if labels is None or not self.training or not isinstance(logits_to_keep, int) or logits_to_keep != 0:
+            return super(fused, self).forward(*args, **kwargs)
+        del arguments["self"]
+        if "cache" in signature.parameters and arguments.get("cache") is None and "past_key_values" in extra:
             # The cache's former name, which the class's forward still takes (deprecated): passed
             # on beside cache=None, transformers would keep the None and drop the cache.
-            cache = kwargs.pop("past_key_values")
-        if labels is None or not self.training or not isinstance(logits_to_keep, int) or logits_to_keep != 0:
-            return super(fused, self).forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                              cache=cache, inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
-                                              logits_to_keep=logits_to_keep, **kwargs)
-        return_dict = kwargs.pop("return_dict", True)
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                             inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+            arguments["cache"] = extra.pop("past_key_values")
+        return_dict = extra.pop("return_dict", True)
+        outputs = self.model(**arguments, **extra)
         hidden_states = outputs.last_hidden_state
         hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
-        target_ids = _shifted(labels, kwargs.get("shift_labels")).to(hidden_states.device)
-        num_items_in_batch = kwargs.get("num_items_in_batch")
+        target_ids = _shifted(labels, extra.get("shift_labels")).to(hidden_states.device)
+        num_items_in_batch = extra.get("num_items_in_batch")
         mean, total = self.tileops_linear_loss
         op = mean if num_items_in_batch is None else total
         weight, bias = self.lm_head.weight, self.lm_head.bias
         loss = op(hidden_states, weight.to(hidden_states.dtype), None if bias is None else bias.to(hidden_states.dtype), target_ids)
-        output = CausalLMOutputWithPast(loss=_scaled(loss.float(), num_items_in_batch), logits=None, cache=outputs.cache,
-                                        hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        output = CausalLMOutputWithPast(loss=_scaled(loss.float(), num_items_in_batch), logits=None,
+                                        hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+                                        **{cache_field: getattr(outputs, cache_field, None)})
         return output if return_dict else output.to_tuple()
 
     fused = type(f"{cls.__name__}WithTileOPsLoss", (cls,), {"forward": forward, "__module__": __name__, "tileops_fused_loss": True,
