@@ -153,12 +153,12 @@ SCRIPT = """
 import json, sys, torch
 from tileops.kernels.cuda.norm import backward_policy as policy
 from tileops.kernels.cuda.norm import backward_programs as programs
-kind, variant, n, dtype = json.loads({case!r})
+kind, variant, n, dtype, *direct = json.loads({case!r})
 dtype = getattr(torch, dtype)
 assert policy.refusal(kind, variant, n, dtype, True) is None
 target = {{"kind": "cuda", "arch": "sm_90"}}
 config = policy.launch_config(kind, variant, n, dtype)
-rows = programs.compile_row_kernel(kind, n, dtype, True, target, **config).get_kernel_source()
+rows = programs.compile_row_kernel(kind, n, dtype, True, target, **config, direct=bool(direct)).get_kernel_source()
 reduce = programs.compile_reduce_kernel(n, dtype, policy.parts_of(kind), target).get_kernel_source()
 assert "__global__" in rows and "__global__" in reduce
 assert "atomic" not in rows.lower(), "the column sums are per-slot partials, not atomics"
@@ -169,7 +169,8 @@ print("compiled", kind, variant, n, config["acc"])
 # registers and in shared memory (both loading the next row ahead, the fused one its
 # dresidual_sum early too), the fused rule's several rows a block of three vectors a thread with
 # the next rows ahead, the 16-byte streamed mode with its sums in global and in shared memory,
-# and the element-wise one (sums in shared memory).
+# and the element-wise one (sums in shared memory); and the direct build of one-row calls
+# (dweight and dbias written by the row kernel).
 CASES = [
     ("rms_norm", "register", 4096, "bfloat16"),
     ("add_layer_norm", "register", 7168, "bfloat16"),
@@ -177,6 +178,7 @@ CASES = [
     ("add_rms_norm", "streamed", 65536, "float16"),
     ("layer_norm", "streamed", 16384, "bfloat16"),
     ("layer_norm", "scalar", 1001, "float32"),
+    ("layer_norm", "register", 4096, "bfloat16", "direct"),
 ]
 
 

@@ -7,7 +7,9 @@ and ``<kind>_bwd_scalar`` serves every length and alignment element-wise (``gene
 call runs two kernels (``backward_programs``, configured by ``backward_policy``): the row
 kernel writes dx and per-slot float32 partial sums of dweight (and dbias), the reduce kernel sums
 those and casts them. The partials are a declared output of the kernel, dropped from what
-``forward`` returns.
+``forward`` returns. A call of one row runs the row kernel's ``direct`` build alone, which
+writes dweight (and dbias) itself: a second launch would cost as much as the row (built at the
+first such call).
 
 The kernels take dy, x (or the residual sum) and dresidual_sum in the caller's shape, (..., n),
 and the statistics in x's leading shape: ``forward`` views them as rows. They are not tuned:
@@ -92,10 +94,11 @@ class _TileLangNormBwd(TileLangKernel):
         why = "the backward kernels run their rules' configuration (the partials are sized by it)"
         return BuildPlan({"main": config}, untuned={"main": why}, shown={"variant": self.variant, **config})
 
-    def compile(self, config: dict[str, Any], rank: int) -> Any:
+    def compile(self, config: dict[str, Any], rank: int, direct: bool = False) -> Any:
         call = self.params.call
+        options = {**config, "direct": True} if direct else config
         return programs.compile_row_kernel(self.kind, call.n, call.dtype, call.has_weight, self.tilelang_target,
-                                           **config)
+                                           **options)
 
     def _launch_function(self, config: dict[str, Any], rank: int):
         if rank != 2:
@@ -106,9 +109,16 @@ class _TileLangNormBwd(TileLangKernel):
             programs.compile_reduce_kernel(call.n, call.dtype, policy.parts_of(self.kind), self.tilelang_target)
         )
         sums = len(self.outputs) - 2  # dweight (and dbias)
+        direct = []  # the direct build, once a call of one row came (the sums on chip only)
+        has_direct = config["acc"] != "global"
 
         def launch(*tensors: torch.Tensor) -> None:
             # (inputs..., dx, dweight, [dbias], partials): the row kernel, then the reduction.
+            if has_direct and tensors[0].shape[0] == 1:
+                if not direct:
+                    direct.append(entry_function(self.compile(config, rank, direct=True)))
+                direct[0](*tensors[:-1])
+                return
             partials = tensors[-1]
             rows(*tensors[: -1 - sums - 1], tensors[-2 - sums], partials)
             reduce(partials, *tensors[-1 - sums : -1])

@@ -12,6 +12,8 @@ blocks are persistent: ``partial_rows`` row slots, each a group of threads that 
 set of columns, walk the rows slot, slot + S, ... and sum dy * xhat (and dy) for their columns
 in float32; each slot writes its own row of the float32 partials (parts, S, n) - no atomics.
 The reduce kernel sums the partials over the slots and casts dweight (and dbias) to the dtype.
+A call of one row runs one kernel: the row kernel built ``direct`` writes slot 0's sums,
+the only ones with a row, as dweight (and dbias).
 
 The modes of the row kernel and the rules that pick a configuration are ``backward_policy``'s;
 ``make_program`` builds the one a configuration names.
@@ -19,6 +21,7 @@ The modes of the row kernel and the rules that pick a configuration are ``backwa
 Kernel call convention (positional, caller-allocated outputs, rank-2 rows, no out_idx)::
 
     row kernel     (dy, [dresidual_sum], x, [weight], [mean], rstd, dx, partials)
+    direct         (dy, [dresidual_sum], x, [weight], [mean], rstd, dx, dweight, [dbias])
     reduce kernel  (partials, dweight, [dbias])
 
 Importing this module does not import tilelang; only building a program does.
@@ -37,12 +40,14 @@ from .policy import MAX_THREADS
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
-def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unroll, prefetch=False):
-    """The row kernel's PrimFunc for one configuration (see ``backward_policy.launch_config``)."""
+def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unroll, prefetch=False, direct=False):
+    """The row kernel's PrimFunc for one configuration (see ``backward_policy.launch_config``);
+    ``direct``: for calls of one row, one block whose slot 0 writes dweight (and dbias)
+    in the dtype instead of a row of partials (the sums must be on chip: ``acc`` not "global")."""
     if (n % vec or tpr & (tpr - 1) or tpr * rows > MAX_THREADS or (prefetch and mode != "register")
-            or (acc == "register" and mode != "register")):
+            or (acc == "register" and mode != "register") or (direct and acc == "global")):
         raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} mode={mode} acc={acc} "
-                         f"prefetch={prefetch} for N={n}")
+                         f"prefetch={prefetch} direct={direct} for N={n}")
     import tilelang.language as T
 
     fused, layer, parts = kind.startswith("add_"), kind.endswith("layer_norm"), parts_of(kind)
@@ -56,13 +61,17 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
     lanes = T.vectorized if vec > 1 else T.serial
     wide = min(vec, 4)  # float32 partials move in 16-byte pieces
     part_list = list(range(parts))  # a Python list: unrolled as the program is built
-    m, s = T.dynamic("m"), T.dynamic("s")
+    m = T.dynamic("m")
+    s = rows if direct else T.dynamic("s")  # direct: the one block's slots
     absent = 0  # a non-buffer annotation: the parameter is left out of the kernel's signature
     dy_t, x_t, dx_t = T.Tensor((m, n), dt), T.Tensor((m, n), dt), T.Tensor((m, n), dt)
     dr_t = T.Tensor((m, n), dt) if fused else absent
     w_t = T.Tensor((n,), dt) if has_weight else absent
     mean_t = T.Tensor((m,), f32) if layer else absent
-    rstd_t, p_t = T.Tensor((m,), f32), T.Tensor((parts, s, n), f32)
+    rstd_t = T.Tensor((m,), f32)
+    p_t = absent if direct else T.Tensor((parts, s, n), f32)
+    dw_t = T.Tensor((n,), dt) if direct else absent
+    db_t = T.Tensor((n,), dt) if direct and layer else absent
 
     def f(e):
         return T.cast(e, f32)
@@ -106,7 +115,7 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                         pair[1][u * vec + v] = pair[0][r, (u * tpr + lane) * vec + v]
 
     @T.prim_func
-    def main(dy: dy_t, dr: dr_t, x: x_t, w: w_t, mean: mean_t, rstd: rstd_t, dx: dx_t, partial: p_t):
+    def main(dy: dy_t, dr: dr_t, x: x_t, w: w_t, mean: mean_t, rstd: rstd_t, dx: dx_t, partial: p_t, dw: dw_t, db: db_t):
         with T.Kernel(T.ceildiv(s, rows), threads=threads) as bx:
             tx = T.get_thread_binding()
             lane = tx % tpr
@@ -233,7 +242,16 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                     for e in T.unroll(step * vec):
                         xb[e] = xn[e]
                         gb[e] = gn[e]
-            if acc != "global":  # the slot's column sums, written once
+            if direct:  # the call's one row is slot 0's: its sums are dweight (and dbias)
+                if slot == 0:
+                    for u in T.unroll(held):
+                        vi = u * tpr + lane
+                        if vi < nv:
+                            for v in lanes(vec):
+                                dw[vi * vec + v] = T.cast(sums[at(0, u, v, tx)], dt)
+                                if layer:
+                                    db[vi * vec + v] = T.cast(sums[at(1, u, v, tx)], dt)
+            elif acc != "global":  # the slot's column sums, written once
                 for u in T.unroll(held):
                     vi = u * tpr + lane
                     if vi < nv:
