@@ -235,11 +235,18 @@ def test_a_classifier_trains_as_the_same_classifier_with_torch(compiled):
 # -- the fused linear cross-entropy ------------------------------------------------------------
 
 
-def test_linear_cross_entropy_chunks_rows_by_the_memory_of_the_hidden_states():
-    from tileops.ops.loss.linear import chunk_rows
+def test_linear_cross_entropy_chunks_are_gemm_bound_within_the_memory_the_call_holds():
+    from tileops.ops.loss.linear import GEMM_BOUND_ROWS, chunk_rows
 
-    assert chunk_rows(4096, 4096, 128256) == 131  # 131 x 128256 logits <= 4096 x 4096 hidden states
-    assert chunk_rows(3, 8, 1000) == 1 and chunk_rows(10, 100, 50) == 10
+    # A 1.2B Llama's loss: 512-row chunks (their logits are 1/4 of the weight's gradient), not
+    # the 131 rows whose logits fit the hidden states' memory.
+    assert chunk_rows(8192, 2048, 128256) == GEMM_BOUND_ROWS == 512
+    assert chunk_rows(8192, 4096, 128256) == 512
+    # A narrow model: a quarter of the weight gradient's memory is 224 rows of logits.
+    assert chunk_rows(8192, 896, 151936) == 224
+    # Many rows: the hidden states' memory allows more (131072 x 4096 hidden, 4186 rows of logits).
+    assert chunk_rows(131072, 4096, 128256) == 4186
+    assert chunk_rows(3, 8, 1000) == 2 and chunk_rows(10, 100, 50) == 10 and chunk_rows(1, 2, 1000) == 1
 
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
