@@ -180,6 +180,10 @@ def test_bad_calls_name_the_op_and_the_argument():
         GELUBwdOp(approximate=True)
     with pytest.raises(OpArgumentError, match=r"PackedGeGLUFwdOp: d must be at least 1"):
         PackedGeGLUFwdOp(0)
+    # One packed tensor given to the two-tensor op: the error says which op takes it.
+    with pytest.raises(OpArgumentError, match=r"SwiGLUFwdOp: missing required input 'up': the up projection, of "
+                                              r"gate's shape \(one tensor holding both halves goes to PackedSwiGLUFwdOp\)"):
+        SwiGLUFwdOp()(torch.randn(4, 16))
 
 
 # -- the bench peers ------------------------------------------------------------------------------

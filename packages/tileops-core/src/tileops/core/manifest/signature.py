@@ -322,7 +322,10 @@ class Signature:
     # -- pieces ----------------------------------------------------------------------------
     def _missing_or_wrong(self, decl: TensorDecl, value: Any):
         if value is None:
-            raise OpArgumentError(f"{self.op}: missing required input {decl.name!r}")
+            # The input's doc says what it is (and, where the manifest says so, which op takes a
+            # call without it).
+            what = f": {decl.doc[0].lower()}{decl.doc[1:].rstrip('.')}" if decl.doc else ""
+            raise OpArgumentError(f"{self.op}: missing required input {decl.name!r}{what}")
         raise OpArgumentError(f"{self.op}: argument {decl.name!r} expected a torch.Tensor, got {type(value).__name__}")
 
     def _check_kind(self, what: str, tensor: torch.Tensor) -> None:
