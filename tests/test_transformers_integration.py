@@ -6,6 +6,7 @@ model on the CPU: logits, a training step's loss and gradients, generation with 
 from __future__ import annotations
 
 import copy
+import inspect
 import subprocess
 import sys
 import warnings
@@ -113,6 +114,14 @@ def test_the_patched_model_computes_and_trains_as_the_unpatched_one(architecture
         assert_gradients_close(parameter.grad, expected[name].grad, name)
 
 
+def test_a_transformers_release_older_than_the_patch_knows_is_refused_with_the_versions(monkeypatch):
+    monkeypatch.setattr(tileops_hf, "_transformers_version", lambda: "4.48.3")
+    model = tiny_model("llama", torch.float32)
+    with pytest.raises(ImportError, match=r"apply needs transformers 4\.57 or later, found 4\.48\.3"):
+        tileops_hf.apply(model)
+    assert type(model.model.norm).__name__ == "LlamaRMSNorm" and model.config._attn_implementation != "tileops"
+
+
 def test_the_fused_loss_takes_the_forward_of_earlier_transformers_releases():
     """Earlier releases named the KV cache past_key_values (4.x added cache_position): their
     causal LMs get the fused loss too; a forward taking an input the fused one does not pass on
@@ -133,6 +142,10 @@ def test_the_fused_loss_takes_the_forward_of_earlier_transformers_releases():
     class WithoutKeywords:
         def forward(self, input_ids=None, labels=None, logits_to_keep=0): ...
 
+    # The fused forward shows the class's parameters: generate() reads them (it builds an
+    # attention mask only for a forward that takes one).
+    _, model, _ = patched_pair("llama")
+    assert inspect.signature(model.forward) == inspect.signature(transformers.LlamaForCausalLM(model.config).forward)
     assert fused_forward_reason(NamedPastKeyValues) is None
     assert fused_forward_reason(WithCachePosition) is None
     assert fused_forward_reason(WithPixels) == ("its forward takes ('input_ids', 'pixel_values', 'labels', 'logits_to_keep', "

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -205,12 +206,33 @@ def _plan_loss(plan: _Plan, model: torch.nn.Module, fused_loss: bool) -> None:
     plan.replace("forward", f"{name}.forward", "LinearCrossEntropyFwdOp in training with labels (no logits)", change)
 
 
+#: The oldest transformers release apply() patches: its attention function and mask builder
+#: registries (AttentionInterface, masking_utils) came in the 4.5x releases; 4.57 and 5.x are tested.
+OLDEST_TRANSFORMERS = (4, 57)
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _check_transformers_version() -> None:
+    found = _transformers_version()
+    release = tuple(int(part) for part in re.findall(r"\d+", found)[:2])
+    if release < OLDEST_TRANSFORMERS:
+        oldest = ".".join(map(str, OLDEST_TRANSFORMERS))
+        raise ImportError(f"tileops.integrations.transformers.apply needs transformers {oldest} or later, found {found}: "
+                          f"its attention and mask registries are what the patch joins (pip install -U 'transformers>={oldest}')")
+
+
 def apply(model: torch.nn.Module, *, target: str | None = None, attention: bool = True, fused_loss: bool = True) -> Report:
     """Patch ``model`` in place (see the module's docstring), each op bound to ``target`` (None:
     the default target, as for any op), and return the ``Report`` of what was replaced and what
     was left. ``attention=False`` leaves attention as it is; ``fused_loss=False`` keeps the
     logits in training (the loss still runs on the cross-entropy op). Call it before
     ``torch.compile``."""
+    _check_transformers_version()
     plan = _Plan(model, target)
     seen: dict[int, tuple[str, torch.nn.Module | str] | None] = {}
 

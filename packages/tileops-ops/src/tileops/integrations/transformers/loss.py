@@ -130,6 +130,9 @@ def fused_forward_class(cls: type) -> type:
                                         **{cache_field: getattr(outputs, cache_field, None)})
         return output if return_dict else output.to_tuple()
 
+    # transformers reads the forward's parameters (generate() builds an attention mask only for
+    # a forward that takes one): it shows the class's own.
+    forward.__signature__ = signature
     fused = type(f"{cls.__name__}WithTileOPsLoss", (cls,), {"forward": forward, "__module__": __name__, "tileops_fused_loss": True,
                                                            "tileops_original": cls})
     return fused
