@@ -717,9 +717,9 @@ def test_the_end_to_end_benchmark_runs_its_quick_form():
     text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu"])
     rows = [line for line in text.splitlines() if line.startswith("| eager |") or line.startswith("| tileops |")]
     assert len(rows) == 2 and "13 parts replaced, 1 left (rotary embedding 1)" in rows[1]
-    cells = [row.split("|")[2:6] for row in rows]
-    assert all(cell.strip() == "not measured" for row in cells for cell in row[1:2])  # torch counts CUDA memory only
-    assert all(float(cell) > 0 for row in cells for cell in row[:1] + row[2:])
+    cells = [row.split("|")[2:7] for row in rows]
+    assert all(cell.strip() == "not measured" for row in cells for cell in row[1:3])  # torch counts CUDA memory only
+    assert all(float(cell) > 0 for row in cells for cell in row[:1] + row[3:])
 
     # Each variant is measured in a process of its own; one that fails there raises its last
     # line of error output.
@@ -738,5 +738,5 @@ def test_the_end_to_end_benchmark_runs_its_quick_form():
 
     bench.measure_apart = out_of_memory_in_eager
     text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu"])
-    assert "| eager | | | | | not run: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB |" in text
+    assert "| eager | | | | | | not run: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB |" in text
     assert any(line.startswith("| tileops | ") and "13 parts replaced" in line for line in text.splitlines())

@@ -10,8 +10,10 @@ parameters (hidden 2048, 16 layers, 32 query and 8 key/value heads, intermediate
 vocabulary 128256, as Llama 3.2 1B). For each variant it measures, on the same inputs:
 
 * a training step (forward with labels, backward, AdamW step) at ``--seq`` tokens per sequence
-  and ``--batch`` sequences: the best time of ``--repeats`` steps after a warm-up, and the peak
-  memory the step allocates;
+  and ``--batch`` sequences: the best time of ``--repeats`` steps after a warm-up, the peak
+  memory the step allocates, and the memory the forward leaves for the backward (what autograd
+  saved, the loss's gradients included: where a variant's peak differs, this says whether the
+  forward's tensors or the backward's temporaries make the difference);
 * a prefill (a forward of the batch without labels, no gradients): tokens per second;
 * decode: ``--new-tokens`` greedy tokens after a short prompt with ``generate``, tokens per
   second. The compiled variants decode with a static cache (``cache_implementation="static"``,
@@ -86,20 +88,26 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
 
+    held = []  # memory allocated between the forward and the backward, per step
+
     def train_step() -> None:
         model.train()
         loss = step_model(ids, labels=ids).loss
+        if device.type == "cuda":
+            held.append(torch.cuda.memory_allocated(device))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     train_step()
+    base = None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     step = _best_seconds(train_step, device, args.repeats)
-    # torch counts the allocations of CUDA devices only: elsewhere the column says so.
-    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if device.type == "cuda" else None
+    # torch counts the allocations of CUDA devices only: elsewhere the columns say so.
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if base is not None else None
+    forward_held = (held[-1] - base) / 2**30 if base is not None else None
     optimizer.state.clear()
 
     def prefill() -> None:
@@ -120,19 +128,20 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
             model.generate(prompt, **options)
 
     decode_seconds = _best_seconds(decode, device, args.repeats)
-    return {"variant": variant, "note": note, "step_ms": step * 1e3, "peak_gib": peak,
+    return {"variant": variant, "note": note, "step_ms": step * 1e3, "peak_gib": peak, "held_gib": forward_held,
             "prefill_tok_s": args.batch * args.seq / prefill_seconds, "decode_tok_s": args.batch * args.new_tokens / decode_seconds}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| variant | training step (ms) | step peak memory (GiB) | prefill (tokens/s) | decode (tokens/s) | patch |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| variant | training step (ms) | step peak memory (GiB) | held for the backward (GiB) | prefill (tokens/s) "
+             "| decode (tokens/s) | patch |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['variant']} | | | | | not run: {row['error']} |")
+            lines.append(f"| {row['variant']} | | | | | | not run: {row['error']} |")
             continue
-        peak = "not measured" if row["peak_gib"] is None else f"{row['peak_gib']:.2f}"
-        lines.append(f"| {row['variant']} | {row['step_ms']:.1f} | {peak} | {row['prefill_tok_s']:.0f} | "
+        peak, held = ("not measured" if row[key] is None else f"{row[key]:.2f}" for key in ("peak_gib", "held_gib"))
+        lines.append(f"| {row['variant']} | {row['step_ms']:.1f} | {peak} | {held} | {row['prefill_tok_s']:.0f} | "
                      f"{row['decode_tok_s']:.1f} | {row['note']} |")
     return "\n".join(lines)
 
