@@ -104,11 +104,13 @@ def fused_forward_class(cls: type) -> type:
     cache_field = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
     def forward(self, *args, **kwargs):
+        if not self.training:  # evaluation and generation never fuse: no binding on their steps
+            return super(fused, self).forward(*args, **kwargs)
         arguments = signature.bind(self, *args, **kwargs).arguments
         extra = dict(arguments.pop(keywords, {}))
         labels = arguments.pop("labels", None)
         logits_to_keep = arguments.pop("logits_to_keep", 0)
-        if labels is None or not self.training or not isinstance(logits_to_keep, int) or logits_to_keep != 0:
+        if labels is None or not isinstance(logits_to_keep, int) or logits_to_keep != 0:
             return super(fused, self).forward(*args, **kwargs)
         del arguments["self"]
         if "cache" in signature.parameters and arguments.get("cache") is None and "past_key_values" in extra:
