@@ -372,6 +372,42 @@ def test_patching_decides_for_the_gpus_present_so_compiled_calls_find_the_answer
     assert ops.kernels_serve(ops.get("bshd", None), {"q": tensor(3, 77, 8, 64), "k": k, "v": k}) is True
 
 
+def test_attention_takes_the_layout_that_copies_least():
+    from tileops.integrations.transformers.attention import _layout
+
+    def projected(heads):  # a view of a projection's (B, S, H, D) output, as transformers passes it
+        return torch.empty(2, 9, heads, 16).transpose(1, 2)
+
+    assert _layout(projected(8), projected(2), projected(2)) == "bshd"
+    # A DynamicCache's keys and values are concatenated, contiguous (B, H, S, D); copying them
+    # costs less than copying q and transposing the output back.
+    cached = torch.empty(2, 2, 9, 16)
+    assert _layout(projected(8), cached, cached) == "bshd"
+    # Everything contiguous (B, H, S, D) and as many kv heads as q heads: the output copy is the cheaper.
+    assert _layout(torch.empty(2, 8, 9, 16), torch.empty(2, 8, 9, 16), torch.empty(2, 8, 9, 16)) == "bhsd"
+
+
+def test_a_training_step_with_the_cache_on_calls_the_op_without_copying_q():
+    # transformers builds a DynamicCache whenever use_cache is on, in training too.
+    _, model, _ = patched_pair("llama")
+    ops = model.model.layers[0].self_attn.tileops_attention
+    calls = []
+
+    class Recording:
+        def __init__(self, op):
+            self.op, self.params = op, op.params
+
+        def __call__(self, q, k, v):
+            calls.append((self.params["qkv_layout"], q.is_contiguous()))
+            return self.op(q, k, v)
+
+    for key in list(ops.ops):
+        ops.ops[key] = Recording(ops.ops[key])
+    model.train()
+    model(tokens(), labels=tokens(), use_cache=True).loss.backward()
+    assert calls and set(calls) == {("bshd", True)}
+
+
 def test_the_decision_is_read_inside_a_compiled_graph():
     # Off the CPU the attention function looks the decision up while Dynamo traces it (meta
     # tensors stand for a GPU's here): the lookup must trace, with dynamic shapes too.
