@@ -1,7 +1,9 @@
 """``tileops bench``: the manifest workloads on the current device, against torch.
 
 ``--shape 8192x7168`` times shapes of your own instead: the first input takes the shape and
-the others follow from the manifest's shape patterns (``tileops.testing.workload_for_shape``).
+the others follow from the manifest's shape patterns (``tileops.testing.workload_for_shape``);
+with ``--workload W`` they follow from W: its params, and its sizes of the dimensions the first
+input does not name.
 ``--param NAME=VALUE`` and ``--omit NAME`` change every timed call's params and inputs.
 ``--backward`` times training instead: forward+backward and backward alone, for the ops whose
 manifest declares a backward (``tileops.cli.bench_training``). ``--sweep N --seed S`` times N calls
@@ -178,9 +180,10 @@ def _cases(
     differentiable: bool = False,
 ):
     """The (op class, workload, dtype) triples to time: the manifest's workloads, or with
-    ``shapes`` one workload per shape, each with ``flags``' params and omitted inputs
-    (UsageError where an op name, a flag or a shape does not fit an op). With ``differentiable``
-    only the ops whose manifest declares a backward (UsageError where a named op declares none)."""
+    ``shapes`` one workload per shape (and per named workload, the shape's template), each with
+    ``flags``' params and omitted inputs (UsageError where an op name, a flag or a shape does
+    not fit an op). With ``differentiable`` only the ops whose manifest declares a backward
+    (UsageError where a named op declares none)."""
     flags = CallFlags() if flags is None else flags
     wanted_ops = {call_flags.op_class_named(name) for name in op_names}
     for op_class in wanted_ops:
@@ -192,7 +195,10 @@ def _cases(
             if (wanted_ops and op_class not in wanted_ops) or (differentiable and not _declares_backward(op_class)):
                 continue
             entry = op_class.manifest_entry()
-            if shapes:
+            if shapes and wanted_workloads:
+                workloads = [flags.workload(op_class, shape=shape, template=w)
+                             for w in entry.workloads if w.name in wanted_workloads for shape in shapes]
+            elif shapes:
                 workloads = [flags.workload(op_class, shape=shape) for shape in shapes]
             else:
                 workloads = [
@@ -254,9 +260,6 @@ def run(args) -> int:
         from .sweep import run as run_sweep
 
         return run_sweep(args)
-    if args.shape and args.workload:
-        print("tileops bench: --shape and --workload select different workloads; give one of them", file=sys.stderr)
-        return 2
     try:
         flags = CallFlags.of(args)
         cases = list(_cases(args.ops, args.workload or (), args.dtype or (), args.shape or (), flags, differentiable=args.backward))
@@ -341,7 +344,8 @@ def add_arguments(parser) -> None:
         "--shape",
         action="append",
         type=shape_argument,
-        help="time this shape of the first input instead, e.g. 8192x7168 (repeatable)",
+        help="time this shape of the first input instead, e.g. 8192x7168 (repeatable); the other inputs follow "
+        "from the --workload named, if any",
     )
     call_flags.add_arguments(parser)
     parser.add_argument("--dtype", action="append", help="only these dtypes (default: each workload's first)")
