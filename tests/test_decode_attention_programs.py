@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from helpers import run_python
+from tileops.core.device_facts import DeviceFacts
 from tileops.kernels.cuda.attention import decode as kernels
 from tileops.kernels.cuda.attention import decode_policy as policy
 from tileops.ops.attention import DecodeAttentionCall
 
 CUDA = torch.device("cuda", 0)
-H200 = (132, 228 * 1024, 65536, 2048)  # multiprocessors; shared memory, registers, threads of one
+#: The H200's: 132 multiprocessors, each holding 228 KiB of shared memory, 65536 registers and 2048 threads.
+H200 = DeviceFacts("cuda", 90, 132, 227 * 1024, "NVIDIA H200", 228 * 1024, 65536, 2048)
 
 
 def test_the_kernels_take_16_bit_calls_with_head_sizes_in_multiples_of_32_up_to_256_and_64_rows():
@@ -32,10 +34,10 @@ def test_the_kernels_take_16_bit_calls_with_head_sizes_in_multiples_of_32_up_to_
 def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
     # D = 128, 16 rows: 38 KiB of shared memory (5 blocks in 228 KiB), 80 registers a thread (6).
     assert policy.shared_bytes(16, 128, 2) == 38912
-    assert policy.blocks_per_sm(16, 128, 2, H200[1]) == 5
+    assert policy.blocks_per_sm(16, 128, 2, H200.shared_memory_per_sm) == 5
     # D = 256: 74 KiB, 3 blocks; 64 rows of D = 64: 32 KiB, but registers bind (144 a thread, 3 blocks).
-    assert policy.blocks_per_sm(16, 256, 2, H200[1]) == 3
-    assert policy.shared_bytes(64, 64, 2) == 32768 and policy.blocks_per_sm(64, 64, 2, H200[1]) == 3
+    assert policy.blocks_per_sm(16, 256, 2, H200.shared_memory_per_sm) == 3
+    assert policy.shared_bytes(64, 64, 2) == 32768 and policy.blocks_per_sm(64, 64, 2, H200.shared_memory_per_sm) == 3
     # D = 64: 7 by registers (72 a thread); with shared memory and registers to spare, thread
     # slots bind: 12 blocks of 128 threads on a multiprocessor of 1536 (sm_89), 16 on one of 2048.
     assert policy.blocks_per_sm(16, 64, 2) == 7
@@ -45,7 +47,7 @@ def test_blocks_per_multiprocessor_follow_shared_memory_and_registers():
 
 def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their_buffers_are_counted():
     def stages(page_size=0, masked=False, hopper=True, block_m=16, head_dim=128):
-        return policy.stages(page_size, masked, hopper, block_m, head_dim, 2, H200[1])
+        return policy.stages(page_size, masked, hopper, block_m, head_dim, 2, H200.shared_memory_per_sm)
 
     assert stages() == policy.STAGES == 3
     assert stages(page_size=256) == stages(page_size=64) == 3
@@ -53,14 +55,14 @@ def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their
     assert stages(masked=True) == stages(page_size=256, masked=True) == 0  # hidden positions are not read
     assert stages(hopper=False) == 0  # TMA's pipeline is Hopper's
     # 64 rows of D 256: three stages would take 232 KiB, over the 227 a block may have.
-    assert policy.shared_bytes(64, 256, 2, stages=3) + 1024 > H200[1] and stages(block_m=64, head_dim=256) == 2
+    assert policy.shared_bytes(64, 256, 2, stages=3) + 1024 > H200.shared_memory_per_sm and stages(block_m=64, head_dim=256) == 2
     # D = 128, 16 rows: three stages of a key and a value tile, 102 KiB: 2 blocks in 228 KiB.
     assert policy.shared_bytes(16, 128, 2, stages=3) == 2 * (16 * 128 + 3 * 2 * 64 * 128 + 16 * 64) == 104448
     assert policy.shared_bytes(16, 128, 2, stages=1) == policy.shared_bytes(16, 128, 2)
-    assert policy.blocks_per_sm(16, 128, 2, H200[1], stages=3) == 2
+    assert policy.blocks_per_sm(16, 128, 2, H200.shared_memory_per_sm, stages=3) == 2
     # D = 64: shared memory would take 4 blocks, but a pipelined block's producer warp group
     # doubles its threads, each with the 72 registers the estimate gives: 3 (7 guarded).
-    assert policy.blocks_per_sm(16, 64, 2, *H200[1:], stages=3) == 3 and policy.blocks_per_sm(16, 64, 2, *H200[1:]) == 7
+    assert policy.blocks_per_sm(16, 64, 2, H200.shared_memory_per_sm, H200.registers_per_sm, H200.threads_per_sm, stages=3) == 3 and policy.blocks_per_sm(16, 64, 2, H200.shared_memory_per_sm, H200.registers_per_sm, H200.threads_per_sm) == 7
     from tileops.kernels.cuda.attention import decode_programs as programs
 
     with pytest.raises(ValueError, match="key mask"):
@@ -72,7 +74,7 @@ def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their
 
 
 def test_splits_fill_one_wave_of_resident_blocks_and_no_more():
-    resident = H200[0] * 5
+    resident = H200.sm_count * 5
     cost = policy.split_bytes(32, 8, 128, 1, 2)
     # q of 4 rows in bfloat16 and their partial o, lse in float32; the merge reads the partials.
     assert cost == (4 * 128 * 2 + 4 * 129 * 4, 4 * 129 * 4)
@@ -86,7 +88,7 @@ def test_splits_fill_one_wave_of_resident_blocks_and_no_more():
     assert policy.splits(1, 8, 100, resident, position, cost) == 1
     # 64 rows of 256 columns carry 160 KiB of their own a split, still less than a block's share
     # of a 4k cache: one sequence fills the wave of 264 such blocks, 7 sequences fill it too.
-    heavy, heavy_resident = policy.split_bytes(64, 8, 256, 8, 2), H200[0] * 2
+    heavy, heavy_resident = policy.split_bytes(64, 8, 256, 8, 2), H200.sm_count * 2
     assert heavy == (64 * 256 * 2 + 64 * 257 * 4, 64 * 257 * 4)
     assert policy.splits(1, 8, 4097, heavy_resident, 1024, heavy) == 33
     assert policy.splits(7, 8, 4097, heavy_resident, 1024, heavy) == heavy_resident // 56
@@ -120,7 +122,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(programs, "compile_merge", compiled("merge"))
     monkeypatch.setattr(kernels, "entry_function", recorder)
     monkeypatch.setattr(kernels, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
-    monkeypatch.setattr(kernels, "multiprocessors", lambda index: H200)
+    monkeypatch.setattr(kernels, "facts_for", lambda device: H200)
     monkeypatch.setattr(kernels, "current_device_index", lambda: 0)
     return launched
 

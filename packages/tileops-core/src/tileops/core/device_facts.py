@@ -1,4 +1,5 @@
-"""Facts about a device that selection reads (architecture, SM count, shared memory, name).
+"""Facts about a device that selection and launch rules read (architecture, SM count, shared
+memory, what a multiprocessor holds, name).
 
 Facts are read per device, never from "the current device", and only when an op misses its
 cache. CUDA and CPU facts are built in; another device type's backend registers a reader with
@@ -21,7 +22,10 @@ class DeviceFacts:
     """What selection may know about one device.
 
     ``arch`` is ``major * 10 + minor`` on CUDA (90 for Hopper); other device types choose
-    their own numbering. Unknown facts are None.
+    their own numbering. ``shared_memory_per_block`` is what one block may opt in to; the
+    ``*_per_sm`` facts are what one multiprocessor holds (shared memory in bytes, 32-bit
+    registers, resident threads), from which a launch rule counts the blocks resident at once.
+    Unknown facts are None.
     """
 
     device_type: str
@@ -29,6 +33,9 @@ class DeviceFacts:
     sm_count: int | None = None
     shared_memory_per_block: int | None = None
     name: str = ""
+    shared_memory_per_sm: int | None = None
+    registers_per_sm: int | None = None
+    threads_per_sm: int | None = None
 
 
 FactsReader = Callable[[torch.device], DeviceFacts]
@@ -42,6 +49,9 @@ def _cuda_facts(device: torch.device) -> DeviceFacts:
         sm_count=props.multi_processor_count,
         shared_memory_per_block=getattr(props, "shared_memory_per_block_optin", None),
         name=props.name,
+        shared_memory_per_sm=props.shared_memory_per_multiprocessor,
+        registers_per_sm=props.regs_per_multiprocessor,
+        threads_per_sm=props.max_threads_per_multi_processor,
     )
 
 

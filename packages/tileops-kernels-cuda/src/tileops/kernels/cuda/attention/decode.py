@@ -17,23 +17,13 @@ from typing import Any
 
 import torch
 
-from tileops.core import Kernel
+from tileops.core import Kernel, facts_for
 from tileops.ops.attention import DecodeAttentionCall, DecodeAttentionFwdInterface
 
 from ..compile import entry_function
 from ..device import compile_target, current_device_index
 from . import decode_policy as policy
 from . import decode_programs as programs
-
-
-def multiprocessors(device_index: int) -> tuple[int, int, int, int]:
-    """A CUDA device's multiprocessor count, and what one multiprocessor holds: shared memory in
-    bytes, 32-bit registers, threads."""
-    properties = torch.cuda.get_device_properties(device_index)
-    return (
-        properties.multi_processor_count, properties.shared_memory_per_multiprocessor,
-        properties.regs_per_multiprocessor, properties.max_threads_per_multi_processor,
-    )
 
 
 class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
@@ -46,7 +36,9 @@ class TileLangDecodeAttention(Kernel, DecodeAttentionFwdInterface):
         self.call = call
         self.device = call.device
         self._device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
-        sm_count, *per_multiprocessor = multiprocessors(self._device_index)
+        facts = facts_for(torch.device("cuda", self._device_index))
+        sm_count = facts.sm_count
+        per_multiprocessor = (facts.shared_memory_per_sm, facts.registers_per_sm, facts.threads_per_sm)
         itemsize = call.dtype.itemsize
         target = compile_target(call.device)
         block_m = policy.block_rows(call.heads_q, call.heads_kv, call.new_tokens)
