@@ -796,7 +796,7 @@ def test_bench_takes_a_shape_with_a_workload_as_its_template():
     argv = ("bench", "AttentionFwdOp", "--workload", template, "--shape", "4x2048x32x64")
     ((_, workload, _),) = list(_cases(["AttentionFwdOp"], [template], (), [(4, 2048, 32, 64)], CallFlags.of(main_parser_args(*argv))))
     assert workload.shapes == {"q": (4, 2048, 32, 64), "k": (4, 2048, 8, 64), "v": (4, 2048, 8, 64)}
-    assert workload.params["causal"] is True
+    assert workload.params["causal"] is True and workload.name == f"{template}-as-4x2048x32x64"
     ((_, longer, _),) = list(_cases(["AttentionFwdOp"], [template], (), [(1, 1024, 32, 64)], CallFlags()))
     assert longer.shapes["k"] == (1, 2048, 8, 64)  # the key length is the workload's
     # Ops without a workload of that name time nothing.

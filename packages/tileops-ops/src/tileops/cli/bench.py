@@ -196,8 +196,12 @@ def _cases(
                 continue
             entry = op_class.manifest_entry()
             if shapes and wanted_workloads:
-                workloads = [flags.workload(op_class, shape=shape, template=w)
-                             for w in entry.workloads if w.name in wanted_workloads for shape in shapes]
+                # Named after both, so that a table of several templates says which is which.
+                workloads = [
+                    dataclasses.replace(flags.workload(op_class, shape=shape, template=w),
+                                        name=f"{w.name}-as-{'x'.join(map(str, shape)) or 'scalar'}")
+                    for w in entry.workloads if w.name in wanted_workloads for shape in shapes
+                ]
             elif shapes:
                 workloads = [flags.workload(op_class, shape=shape) for shape in shapes]
             else:
