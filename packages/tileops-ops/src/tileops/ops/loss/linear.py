@@ -133,7 +133,10 @@ class LinearCrossEntropyBwdOp(_LinearLossOp):
     kernel_interfaces = ()
 
     def forward(self, dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias):
-        scale = dloss.to(compute_dtype(hidden_states.dtype))
+        # dloss has the gradients' dtype. A float32 copy of it gave the same products (a 0-dim
+        # factor does not widen an in-place multiply; torch casts it to the tensor's dtype) but
+        # took torch's casting path, which is not vectorised: H100, a 1.2B Llama's step, 1.17 ms
+        # for the three gradients where their memory traffic is ~0.35 ms.
         for grad in (grad_hidden, grad_weight, grad_bias):
-            grad.mul_(scale)
+            grad.mul_(dloss)
         return grad_hidden, grad_weight, grad_bias
