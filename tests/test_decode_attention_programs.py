@@ -62,7 +62,8 @@ def test_whole_tiles_are_pipelined_where_no_mask_or_small_page_forbids_and_their
     assert policy.blocks_per_sm(16, 128, 2, H200.shared_memory_per_sm, stages=3) == 2
     # D = 64: shared memory would take 4 blocks, but a pipelined block's producer warp group
     # doubles its threads, each with the 72 registers the estimate gives: 3 (7 guarded).
-    assert policy.blocks_per_sm(16, 64, 2, H200.shared_memory_per_sm, H200.registers_per_sm, H200.threads_per_sm, stages=3) == 3 and policy.blocks_per_sm(16, 64, 2, H200.shared_memory_per_sm, H200.registers_per_sm, H200.threads_per_sm) == 7
+    per_sm = (H200.shared_memory_per_sm, H200.registers_per_sm, H200.threads_per_sm)
+    assert policy.blocks_per_sm(16, 64, 2, *per_sm, stages=3) == 3 and policy.blocks_per_sm(16, 64, 2, *per_sm) == 7
     from tileops.kernels.cuda.attention import decode_programs as programs
 
     with pytest.raises(ValueError, match="key mask"):
