@@ -133,6 +133,17 @@ def test_written_tensors_aliases_and_out_buffers_are_understood():
 
 
 @pytest.mark.parametrize(
+    ("doc", "shown"),
+    [("The input to normalise.", ": the input to normalise"), ("RoPE's queries.", ": RoPE's queries"), ("V rows.", ": V rows"), ("", "")],
+)
+def test_a_missing_input_is_described_by_its_doc_with_names_kept_as_written(doc, shown):
+    entry = parse_manifest(_entry(signature__inputs__x__doc=doc), "t.yaml")["RMSNormFwdOp"]
+    with pytest.raises(OpArgumentError) as raised:
+        Signature(entry).bind({"normalized_shape": (8,), "eps": 1e-6}, (), {})
+    assert str(raised.value) == f"RMSNormFwdOp: missing required input 'x'{shown}"
+
+
+@pytest.mark.parametrize(
     ("call", "message"),
     [
         (lambda op, x, w: op(), "missing required input 'x'"),

@@ -52,6 +52,15 @@ def unsupported_kind(tensor: torch.Tensor) -> str | None:
     return None
 
 
+def _sentence_inside(doc: str) -> str:
+    """A doc sentence continued after a colon: its first word lower-cased unless it is a name
+    ("The input" -> "the input"; "RoPE's cache" and "V" stay), without the final period."""
+    first = doc.split(" ", 1)[0]
+    if first[:1].isupper() and first[1:].islower():
+        doc = doc[0].lower() + doc[1:]
+    return doc.rstrip(".")
+
+
 def _dtype_text(dtypes: Sequence[torch.dtype]) -> str:
     return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
 
@@ -324,7 +333,7 @@ class Signature:
         if value is None:
             # The input's doc says what it is (and, where the manifest says so, which op takes a
             # call without it).
-            what = f": {decl.doc[0].lower()}{decl.doc[1:].rstrip('.')}" if decl.doc else ""
+            what = f": {_sentence_inside(decl.doc)}" if decl.doc else ""
             raise OpArgumentError(f"{self.op}: missing required input {decl.name!r}{what}")
         raise OpArgumentError(f"{self.op}: argument {decl.name!r} expected a torch.Tensor, got {type(value).__name__}")
 
