@@ -9,10 +9,13 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tileops.backend import OpArgumentError
 from tileops.ops import FAMILIES, CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyPerRowFwdOp
 from tileops.testing import check_workload, workload_cases
+
+from helpers import ROOT
 
 #: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
 CPU_ELEMENTS = 1 << 21
@@ -277,7 +280,8 @@ def test_linear_cross_entropy_matches_the_logits_path_and_its_backward_op_scales
     torch.testing.assert_close(fused, CrossEntropyFwdOp(reduction="sum")(hidden_states @ weight.T, target_ids)[0])
     h, w = hidden_states.clone().requires_grad_(), weight.clone().requires_grad_()
     F.cross_entropy(h @ w.T, target_ids, reduction="sum").backward(torch.tensor(3.0, dtype=torch.float64))
-    _, saved = forward.forward_saving(hidden_states, weight, None, target_ids)
+    # Asked for all three (autograd asks only for those its inputs require), with no bias.
+    _, saved = forward.forward_saving(hidden_states, weight, None, target_ids, wanted={"hidden_states", "weight", "bias"})
     results = LinearCrossEntropyBwdOp(reduction="sum")(torch.tensor(3.0, dtype=torch.float64), hidden_states, weight, None,
                                                        target_ids, *saved)
     assert all(result is grad for result, grad in zip(results, saved))  # no second weight-sized tensor
@@ -288,32 +292,31 @@ def test_linear_cross_entropy_matches_the_logits_path_and_its_backward_op_scales
     torch.testing.assert_close(results[2], zero_bias.grad)
 
 
+class _TensorsOfSize(TorchDispatchMode):
+    """Counts the tensors of ``numel`` elements the calls it sees create (not views of their
+    arguments)."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.count = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        results = [r for r in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(r, torch.Tensor)]
+        held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        self.count += sum(r.numel() == self.numel and r.untyped_storage().data_ptr() not in held for r in results)
+        return result
+
+
 def test_linear_cross_entropy_training_allocates_one_weight_sized_gradient_and_backward_runs_twice_with_retain_graph():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from tileops.ops import LinearCrossEntropyFwdOp
-
-    class WeightSizedTensors(TorchDispatchMode):
-        """Counts the results of the weight's size, in memory none of their call's arguments
-        had, that the calls it sees create."""
-
-        def __init__(self, numel):
-            super().__init__()
-            self.numel, self.count = numel, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            result = func(*args, **(kwargs or {}))
-            results = [r for r in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(r, torch.Tensor)]
-            held = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-            self.count += sum(r.numel() == self.numel and r.untyped_storage().data_ptr() not in held for r in results)
-            return result
 
     generator = torch.Generator().manual_seed(0)
     hidden_states = torch.randn(24, 8, generator=generator, dtype=torch.float64).requires_grad_()
     weight = torch.randn(50, 8, generator=generator, dtype=torch.float64).requires_grad_()
     target_ids = torch.randint(0, 50, (24,), generator=generator)
     loss = LinearCrossEntropyFwdOp()(hidden_states, weight, None, target_ids)
-    counting = WeightSizedTensors(weight.numel())
+    counting = _TensorsOfSize(weight.numel())
     with counting:
         loss.backward(torch.tensor(2.0, dtype=torch.float64), retain_graph=True)
     # The weight's gradient is the forward's saved one, scaled where it is: a copy would be a second
@@ -327,6 +330,79 @@ def test_linear_cross_entropy_training_allocates_one_weight_sized_gradient_and_b
     loss.backward(torch.tensor(1.0, dtype=torch.float64))
     torch.testing.assert_close(weight.grad, 1.5 * w.grad)
     torch.testing.assert_close(hidden_states.grad, 1.5 * h.grad)
+
+
+@pytest.mark.parametrize("frozen", ["weight", "bias", "none"])
+def test_linear_cross_entropy_computes_in_its_forward_only_the_gradients_its_inputs_require(frozen):
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    generator = torch.Generator().manual_seed(3)
+    hidden_states = torch.randn(24, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(56, 8, generator=generator, dtype=torch.float64, requires_grad=frozen != "weight")
+    bias = None if frozen == "bias" else torch.randn(56, generator=generator, dtype=torch.float64, requires_grad=True)
+    target_ids = torch.randint(0, 56, (24,), generator=generator)
+    # The forward pass computes the gradients: a frozen lm-head (LoRA) costs no weight-sized tensor
+    # and no weight-gradient GEMM, a missing bias no column sums of the logits' gradient.
+    weight_sized, bias_sized = _TensorsOfSize(weight.numel()), _TensorsOfSize(56)
+    with weight_sized, bias_sized:
+        loss = LinearCrossEntropyFwdOp()(hidden_states, weight, bias, target_ids)
+    assert (weight_sized.count == 0) == (frozen == "weight")
+    assert (bias_sized.count == 0) == (frozen == "bias")
+    loss.backward()
+    h, w = hidden_states.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_(weight.requires_grad)
+    b = None if bias is None else bias.detach().clone().requires_grad_()
+    F.cross_entropy(F.linear(h, w, b), target_ids).backward()
+    torch.testing.assert_close(hidden_states.grad, h.grad)
+    assert (weight.grad is None) == (frozen == "weight")
+    if weight.grad is not None:
+        torch.testing.assert_close(weight.grad, w.grad)
+    if bias is not None:
+        torch.testing.assert_close(bias.grad, b.grad)
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        ("{grad_weight: target_ids}", "field backward.saved_for.grad_weight: names 'target_ids', which gets no gradient"),
+        ("{dloss: weight}", "field backward.saved_for: unknown field(s) 'dloss'"),
+        ("{grad_weight: weight}\n    # required", "LinearCrossEntropyBwdOp's input 'grad_weight' must be optional"),
+    ],
+)
+def test_a_statistic_saved_for_an_input_must_serve_a_gradient_and_be_optional_in_the_backward(declared, message):
+    from tileops.core.errors import ManifestError
+    from tileops.core.manifest.loader import parse_manifest
+
+    text = (ROOT / "manifest/loss.yaml").read_text()
+    shipped = "saved_for: {grad_hidden: hidden_states, grad_weight: weight, grad_bias: bias}"
+    assert shipped in text
+    text = text.replace(shipped, f"saved_for: {declared}")
+    if "required" in declared:
+        grad_weight = "      grad_weight:\n        dtype: {same_as: dloss}\n        shape: [V, H]\n        access: readwrite\n        optional: true\n"
+        assert grad_weight in text
+        text = text.replace(grad_weight, grad_weight.replace("        optional: true\n", ""))
+    with pytest.raises(ManifestError, match="op LinearCrossEntropyFwdOp") as raised:
+        parse_manifest(text, "loss.yaml")
+    assert message in str(raised.value)
+
+
+def test_a_compiled_step_with_a_frozen_lm_head_trains_the_hidden_states_alone():
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(40, 8, generator=generator)  # frozen
+    target_ids = torch.randint(0, 40, (12,), generator=generator)
+    op = LinearCrossEntropyFwdOp()
+    step = torch.compile(lambda h, w, t: op(h, w, None, t) * 2, fullgraph=True)
+    for trainable_weight in (False, True):  # the second call traces the other gradients anew
+        w = weight.clone().requires_grad_(trainable_weight)
+        h = torch.randn(12, 8, generator=generator, requires_grad=True)
+        step(h, w, target_ids).backward()
+        h_ref, w_ref = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_(trainable_weight)
+        (2 * F.cross_entropy(h_ref @ w_ref.T, target_ids)).backward()
+        torch.testing.assert_close(h.grad, h_ref.grad)
+        assert (w.grad is None) != trainable_weight
+        if trainable_weight:
+            torch.testing.assert_close(w.grad, w_ref.grad)
 
 
 def test_the_peer_table_names_family_ops_and_builds_liger_losses_with_the_ops_options():

@@ -13,7 +13,10 @@ not require grad) never come here: they save nothing and cost nothing more.
 
 A statistic that an implementation did not save (a target's forward computes only the outputs) is
 computed by the backward input's ``derive`` expression, the same one workloads use, so that the
-backward always receives it.
+backward always receives it. A statistic declared ``saved_for`` an input (that input's gradient,
+computed by the forward pass) is the exception: where that input does not require grad (frozen,
+or left out) the call neither computes nor derives it, and the backward op receives None. Which
+inputs want gradients travels as a bit per input position (``wanted``).
 
 A statistic the backward op writes (``access: readwrite``, e.g. a saved gradient it scales in
 place, so that no second tensor of its size exists) is *consumed*: an eager node keeps it out of
@@ -76,6 +79,11 @@ class Differentiation:
         #: Positions among the saved statistics of those the backward op writes (consumes).
         self._consumed = tuple(i for i, name in enumerate(self.saves) if name in written)
         self.consumes = bool(self._consumed)
+        #: Per statistic: the position of the input it is saved for, or None (saved for all).
+        self._saved_for = tuple(inputs.index(decl.saved_for[name]) if name in decl.saved_for else None for name in self.saves)
+        #: Whether the forward's implementation is told the wanted gradients (``forward_saving(..., wanted=)``).
+        self.saves_for_inputs = bool(decl.saved_for)
+        self._input_names = inputs
         #: The autograd Function of eager calls, named after the op (``y.grad_fn`` shows
         #: ``<OpName>Backward``).
         self.node = type(forward.name, (_Node,), {"__module__": __name__})
@@ -86,16 +94,37 @@ class Differentiation:
             return False
         return any(isinstance(inputs[i], torch.Tensor) and inputs[i].requires_grad for i in self.differentiable)
 
-    def complete_saved(self, op: Op, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], saved: Sequence[Any]) -> tuple:
+    def wanted(self, inputs: Sequence[Any]) -> int:
+        """The differentiable inputs of a call that require grad, a bit per input position."""
+        return sum(1 << i for i in self.differentiable if isinstance(inputs[i], torch.Tensor) and inputs[i].requires_grad)
+
+    def wanted_names(self, wanted: int) -> frozenset[str]:
+        """``wanted`` as the inputs' names."""
+        return frozenset(name for i, name in enumerate(self._input_names) if wanted >> i & 1)
+
+    def unwanted(self, wanted: int) -> tuple[bool, ...]:
+        """Per statistic: whether it is saved for an input that wants no gradient."""
+        return tuple(i is not None and not wanted >> i & 1 for i in self._saved_for)
+
+    def complete_saved(
+        self, op: Op, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], saved: Sequence[Any], wanted: int
+    ) -> tuple:
         """``saved`` with every statistic an implementation left as None computed by the
-        backward input's ``derive`` expression (from the forward's inputs, outputs and params)."""
-        if all(s is not None for s in saved):
+        backward input's ``derive`` expression (from the forward's inputs, outputs and params),
+        and None for each saved for an input that wants no gradient."""
+        if self.saves_for_inputs:
+            saved = tuple(None if skip else value for value, skip in zip(saved, self.unwanted(wanted)))
+            missing = [value is None and not skip for value, skip in zip(saved, self.unwanted(wanted))]
+        else:
+            missing = [value is None for value in saved]
+        if not any(missing):
             return tuple(saved)
         tensors: dict[str, Any] = {t.name: value for t, value in zip(self.forward.inputs, inputs)}
         for t, value in zip(self.forward.outputs, outputs):
             tensors[t.name] = tensors[f"d{t.name}"] = value  # an output's gradient has its dtype and shape
         return tuple(
-            derive_input(op.backward_op, name, tensors) if value is None else value for name, value in zip(self.saves, saved)
+            derive_input(op.backward_op, name, tensors) if derive else value
+            for name, value, derive in zip(self.saves, saved, missing)
         )
 
     def kept(self, inputs: Sequence[Any], outputs: Sequence[Any], saved: Sequence[Any]) -> list:
@@ -120,12 +149,12 @@ class Differentiation:
             joined.insert(first + i, value)  # ascending positions: each lands where split took it
         return joined
 
-    def recompute_consumed(self, op: Op, call: BoundCall) -> tuple:
+    def recompute_consumed(self, op: Op, call: BoundCall, wanted: int) -> tuple:
         """The consumed statistics of ``call`` computed again by the op's saving forward (the
         same computation as the first time, so the same values)."""
-        result, saved = op.run_saving(call)
+        result, saved = op.run_saving(call, wanted)
         outputs = result if isinstance(result, tuple) else (result,)
-        saved = self.complete_saved(op, call.inputs, outputs, saved)
+        saved = self.complete_saved(op, call.inputs, outputs, saved, wanted)
         return tuple(saved[i] for i in self._consumed)
 
     def backward_arguments(self, grads: Sequence[Any], kept: Sequence[Any]) -> list:
@@ -193,9 +222,10 @@ class _Node(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: Op, call: BoundCall, *inputs: Any):
         wiring = op.differentiation
-        result, saved = op.run_saving(call)
+        ctx.wanted = wiring.wanted(inputs)
+        result, saved = op.run_saving(call, ctx.wanted)
         outputs = result if isinstance(result, tuple) else (result,)
-        saved = wiring.complete_saved(op, inputs, outputs, saved)
+        saved = wiring.complete_saved(op, inputs, outputs, saved, ctx.wanted)
         ctx.op = op
         ctx.present = [t is not None for t in inputs]
         kept, ctx.consumed = wiring.split_consumed(wiring.kept(inputs, outputs, saved))
@@ -210,7 +240,7 @@ class _Node(torch.autograd.Function):
         refuse_double_backward(type(op).__name__, wiring.backward.name)
         consumed, ctx.consumed = ctx.consumed, None  # the node lets go of what the backward op writes
         if consumed is None and wiring.consumes:  # retain_graph: a backward before this one had them
-            consumed = wiring.recompute_consumed(op, ctx.call)
+            consumed = wiring.recompute_consumed(op, ctx.call, ctx.wanted)
         results = op.backward_op(*wiring.backward_arguments(grads, wiring.join_consumed(ctx.saved_tensors, consumed or ())))
         return (None, None, *wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[2:]))
 
@@ -222,16 +252,18 @@ def run_eager(op: Op, call: BoundCall) -> Any:
 
 
 def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of) -> None:
-    """Register, on the custom op ``saving_op`` (inputs..., execution arguments..., instance ->
-    outputs..., statistics...), the formula ``torch.compile`` differentiates: its backward calls
+    """Register, on the custom op ``saving_op`` (inputs..., execution arguments..., wanted,
+    instance -> outputs..., statistics...), the formula ``torch.compile`` differentiates: its backward calls
     the backward op instance's custom op. ``instance_of(key)`` is the op instance a key names."""
 
     def setup_context(ctx, inputs, output):
         output = output if isinstance(output, tuple) else (output,)  # one output, nothing saved
-        ctx.key = inputs[-1]
+        ctx.key, wanted = inputs[-1], inputs[-2]
         ctx.present = [t is not None for t in inputs[:n_inputs]]
         wiring = instance_of(ctx.key).differentiation
-        ctx.save_for_backward(*wiring.kept(inputs[:n_inputs], output[:n_outputs], output[n_outputs:]))
+        # A statistic saved for an input that wants no gradient came back as an empty placeholder.
+        saved = [None if skip else value for value, skip in zip(output[n_outputs:], wiring.unwanted(wanted))]
+        ctx.save_for_backward(*wiring.kept(inputs[:n_inputs], output[:n_outputs], saved))
 
     def backward(ctx, *grads):
         op = instance_of(ctx.key)

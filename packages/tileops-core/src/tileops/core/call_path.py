@@ -254,18 +254,24 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         ]
         w.emit(f"_tracked = _grad_enabled() and ({' or '.join(tracked)})", 1)
     for decl in entry.outputs:
+        if decl.aliases:  # an optional input's alias is None where the input is: checked below
+            continue
         if decl.dtype_same_as and entry.input(decl.dtype_same_as).optional:
             raise _Unsupported
         if decl.shape_same_as and entry.input(decl.shape_same_as).optional:
             raise _Unsupported
-    shapes = []
+    shapes, dtypes = [], []
     for i, decl in enumerate(entry.outputs):
-        shape = w.output_shape(decl)
-        if not shape.isidentifier():  # computed once, then compared by name
+        shape, dtype = w.output_shape(decl), w.output_dtype(decl)
+        if decl.aliases and entry.input(decl.aliases).optional:
+            # No layout where the call left the input out (its _s_ and _t_ names are unbound).
+            w.emit(f"_o{i}, _d{i} = ({shape}, {dtype}) if {decl.aliases} is not None else (None, None)", 1)
+            shape, dtype = f"_o{i}", f"_d{i}"
+        elif not shape.isidentifier():  # computed once, then compared by name
             w.emit(f"_o{i} = {shape}", 1)
             shape = f"_o{i}"
         shapes.append(shape)
-    dtypes = [w.output_dtype(decl) for decl in entry.outputs]
+        dtypes.append(dtype)
     w.emit("_outs = _NO_OUTS", 1)
     for i, decl in enumerate(entry.outputs):
         if decl.out:
@@ -310,9 +316,9 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     w.emit(f"_r = _forward({inputs}) if _outs is _NO_OUTS else _forward({inputs}**_outs)", 1)
     w.emit("if _trusted: return _r", 1)
     def fits(r: str, decl: TensorDecl, shape: str, dtype: str) -> str:
+        if decl.aliases:  # the input itself (None where an optional input was left out)
+            return f"{r} is {decl.aliases}"
         test = f"isinstance({r}, _Tensor) and {r}.shape == {shape} and {r}.dtype is {dtype} and {r}.device == _dev"
-        if decl.aliases:
-            return f"{test} and {r} is {decl.aliases}"
         return f"{test} and ({decl.out} is None or {r} is {decl.out})" if decl.out else test
 
     if len(entry.outputs) == 1:

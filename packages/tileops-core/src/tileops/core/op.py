@@ -332,25 +332,30 @@ class Op:
     def _run_bound(self, call: BoundCall) -> Any:
         target = self._target
         if target is None:
-            return self._bind_and_run(call, saving=False)
-        return self._run(target, call, saving=False)
+            return self._bind_and_run(call, wanted=None)
+        return self._run(target, call, wanted=None)
 
-    def run_saving(self, call: BoundCall) -> tuple[Any, tuple]:
+    def run_saving(self, call: BoundCall, wanted: int) -> tuple[Any, tuple]:
         """Run a checked call of a differentiable op as a differentiated call does: ``(result,
         statistics)``, the statistics its backward reads as the implementation computed them
-        (None for each it did not: a target's kernel computes only the result)."""
+        (None for each it did not: a target's kernel computes only the result). ``wanted``:
+        the forward inputs whose gradients are computed, a bit per input position."""
         target = self._target
         if target is None:
-            return self._bind_and_run(call, saving=True)
-        return self._run(target, call, saving=True)
+            return self._bind_and_run(call, wanted=wanted)
+        return self._run(target, call, wanted=wanted)
 
-    def _run(self, target: str, call: BoundCall, *, saving: bool) -> Any:
+    def _run(self, target: str, call: BoundCall, *, wanted: int | None) -> Any:
+        """``call`` run by ``target``; ``wanted`` None: a call that saves nothing, else a
+        differentiated call's wanted gradients (``run_saving``)."""
         check = self._signature.check_result
         if target == BUILTIN:
             # Results are checked where a backend's implementation may have computed them, as the
             # generated path checks them (the in-tree implementations' fit by construction).
-            if saving:
-                result, saved = self.forward_saving(*call.inputs, **call.outs)
+            if wanted is not None:
+                wiring = self.differentiation
+                told = {"wanted": wiring.wanted_names(wanted)} if wiring.saves_for_inputs else {}
+                result, saved = self.forward_saving(*call.inputs, **call.outs, **told)
                 return (check(result, call, "forward") if self._check_results else result), saved
             result = self.forward(*call.inputs, **call.outs)
             return check(result, call, "forward") if self._check_results else result
@@ -359,21 +364,21 @@ class Op:
         if kernel is None:
             kernel = self._build_target_kernel(target, call, key)
         result = check(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
-        return (result, (None,) * len(self.differentiation.saves)) if saving else result
+        return result if wanted is None else (result, (None,) * len(self.differentiation.saves))
 
-    def _bind_and_run(self, call: BoundCall, *, saving: bool) -> Any:
+    def _bind_and_run(self, call: BoundCall, *, wanted: int | None) -> Any:
         # The choice is published (``self._target``) only once the binding call succeeded. Until
         # then every other thread reads None and waits on the miss lock for the outcome, so no
         # thread runs, builds or caches a kernel of a binding that is then undone: the binding,
         # its undo and the kernel caches change together, under this lock.
         with self._miss_lock:
             if self._target is not None:  # another thread bound it meanwhile
-                return self._run(self._target, call, saving=saving)
+                return self._run(self._target, call, wanted=wanted)
             target, reason = bind_target(
                 type(self).__name__, self._requested_target, call.device, has_own_kernels=self.has_own_kernels
             )
             try:
-                result = self._run(target, call, saving=saving)
+                result = self._run(target, call, wanted=wanted)
             except BaseException:
                 # The binding call failed: forget everything built under the choice.
                 self.target_reason = "not bound yet: the call that would have bound it failed"
@@ -434,7 +439,9 @@ class Op:
         """A differentiable op's in-tree forward for a call that records autograd history:
         ``(result, statistics)``, the statistics (those its manifest entry's ``backward.saves``
         names, in that order) computed by the same pass, or None for each the implementation
-        did not compute."""
+        did not compute. An op whose entry declares ``saved_for`` is also passed ``wanted``, the
+        names of the inputs whose gradients the call computes: a statistic saved for another
+        input is not computed (None)."""
         raise NotImplementedError(f"{type(self).__name__} declares a backward op but defines no forward_saving")
 
     def kernel_for(self, interface: type[KernelInterface], *call: Any) -> Kernel:

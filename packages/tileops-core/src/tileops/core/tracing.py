@@ -63,6 +63,8 @@ def _schema(op_class: type[Op], with_buffers: bool, saving: bool = False) -> str
         arguments += [f"Tensor(o{i}!)? {t.out}" for i, t in enumerate(entry.outputs) if t.out]
     for argument in entry.exec_args:  # None: not passed (the implementation uses its default)
         arguments.append(f"{_PARAM_SCHEMA[argument.type]}? {argument.name}")
+    if saving:
+        arguments.append("int wanted")  # the inputs whose gradients are computed, a bit each
     arguments.append("int instance")
     count = len(entry.outputs) + (len(entry.backward.saves) if saving else 0)
     outputs = ", ".join("Tensor" for _ in range(count))
@@ -130,7 +132,7 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
         # view of one) returned becomes a copy.
         results = tuple(
             _placeholder(given[t.out]) if t.out in given
-            else _placeholder(inputs[aliased[i]]) if i in aliased
+            else _alias_placeholder(inputs, aliased[i]) if i in aliased
             else (r.clone() if _is_input(r, inputs) else r)
             for i, (t, r) in enumerate(zip(entry.outputs, results))
         )
@@ -150,7 +152,7 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
         else:
             outputs = tuple(
                 _placeholder(given[t.out]) if t.out in given
-                else _placeholder(inputs[aliased[i]]) if i in aliased
+                else _alias_placeholder(inputs, aliased[i]) if i in aliased
                 else torch.empty(shape, dtype=dtype, device=call.device)
                 for i, (t, shape, dtype) in enumerate(zip(entry.outputs, call.output_shapes, call.output_dtypes))
             )
@@ -173,7 +175,9 @@ def _split(arguments: tuple, n_inputs: int, out_keywords, exec_names):
 
 
 def _saving_custom_op(op_class: type[Op]):
-    """The custom op of traced calls that record autograd history: outputs, then statistics."""
+    """The custom op of traced calls that record autograd history: outputs, then statistics (an
+    empty placeholder for each saved for an input that wants no gradient: a custom op returns
+    tensors)."""
     entry = op_class.manifest_entry()
     name = op_class.__name__
     n_inputs, n_outputs = len(entry.inputs), len(entry.outputs)
@@ -182,22 +186,25 @@ def _saving_custom_op(op_class: type[Op]):
     saves = entry.backward.saves
 
     def split(arguments: tuple):
-        return _split(arguments, n_inputs, (), exec_names)
+        # (inputs, keywords, wanted, instance key): the wanted gradients come before the key.
+        inputs, given, key = _split((*arguments[:-2], arguments[-1]), n_inputs, (), exec_names)
+        return inputs, given, arguments[-2], key
 
     def implementation(*arguments):
-        inputs, given, key = split(arguments)
+        inputs, given, wanted, key = split(arguments)
         op = _instance(key, name)
         call = op.signature().bind(op.params, inputs, given)
-        result, saved = op.run_saving(call)
+        result, saved = op.run_saving(call, wanted)
         outputs = (result,) if n_outputs == 1 else tuple(result)
-        saved = op.differentiation.complete_saved(op, call.inputs, outputs, saved)
+        saved = op.differentiation.complete_saved(op, call.inputs, outputs, saved, wanted)
         # A custom op's result may alias none of its arguments (an implementation may return a
         # view of an input where nothing changes).
         outputs = tuple(r.clone() if _is_input(r, inputs) else r for r in outputs)
+        saved = tuple(torch.empty(0, device=call.device) if value is None else value for value in saved)
         return _one_or_tuple((*outputs, *saved))
 
     def fake(*arguments):
-        inputs, given, key = split(arguments)
+        inputs, given, wanted, key = split(arguments)
         op = _instance(key, name)
         try:
             call = op.signature().bind(op.params, inputs, given, check_overlap=False)
@@ -211,7 +218,10 @@ def _saving_custom_op(op_class: type[Op]):
         tensors = {t.name: value for t, value in zip(entry.inputs, call.inputs)}
         for t, value in zip(entry.outputs, outputs):
             tensors[t.name] = tensors[f"d{t.name}"] = value
-        return _one_or_tuple((*outputs, *_statistics(backward_entry, saves, tensors, op.params, call.device)))
+        statistics = _statistics(backward_entry, saves, tensors, op.params, call.device)
+        skipped = op.differentiation.unwanted(wanted)
+        statistics = [torch.empty(0, device=call.device) if skip else value for value, skip in zip(statistics, skipped)]
+        return _one_or_tuple((*outputs, *statistics))
 
     custom = torch.library.custom_op(
         f"tileops::{name}_saving", implementation, mutates_args=(), schema=_schema(op_class, False, saving=True)
@@ -249,6 +259,14 @@ def _statistics(backward_entry, saves, tensors: dict, params, device) -> list[to
 def _placeholder(buffer: torch.Tensor) -> torch.Tensor:
     """What the custom op returns for an output written into the caller's ``buffer``."""
     return torch.empty(0, dtype=buffer.dtype, device=buffer.device)
+
+
+def _alias_placeholder(inputs: tuple, index: int) -> torch.Tensor:
+    """What the custom op returns for an output that aliases ``inputs[index]``; the traced call
+    returns the input itself, or None where the call left that optional input out."""
+    if inputs[index] is not None:
+        return _placeholder(inputs[index])
+    return torch.empty(0, device=next(t.device for t in inputs if isinstance(t, torch.Tensor)))
 
 
 def _placeholders(entry, inputs: tuple) -> tuple[torch.Tensor, ...]:
@@ -321,7 +339,7 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
     wiring = op.differentiation
     if wiring is not None and wiring.needs_grad(inputs):
         autograd.refuse_buffers(op, {k: v for k, v in outs.items() if v is not None})
-        results = type(op)._custom_op_saving(*inputs, *execution, op.trace_key)
+        results = type(op)._custom_op_saving(*inputs, *execution, wiring.wanted(inputs), op.trace_key)
         if not isinstance(results, tuple):  # one output and nothing saved
             return results
         n_outputs = len(signature.entry.outputs)

@@ -129,12 +129,16 @@ class BackwardDecl:
     the backward's other inputs are named after what they receive: ``d<output>``, the incoming
     gradient of a forward output, or the name of a forward input or output. ``grads`` maps each
     forward input that gets a gradient to the backward output holding it (several inputs may
-    share one, as the two addends of a fused sum do).
+    share one, as the two addends of a fused sum do). ``saved_for`` maps a saved statistic that
+    serves one input's gradient alone (that gradient, computed by the forward pass) to that
+    input: a differentiated call computes it only where the input requires grad, and the
+    backward op receives None instead (its output for that gradient is then None too).
     """
 
     op: str
     saves: tuple[str, ...]
     grads: Mapping[str, str]
+    saved_for: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

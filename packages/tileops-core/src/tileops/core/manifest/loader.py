@@ -402,7 +402,7 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
 def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outputs: Mapping[str, TensorDecl]) -> BackwardDecl:
     """A forward's ``backward:`` declaration, checked against the forward itself; how it fits
     the backward op's entry is checked once the whole file is read (``_check_backward``)."""
-    spec = _mapping(value, where, {"op", "saves", "grads"}, {"op", "grads"})
+    spec = _mapping(value, where, {"op", "saves", "grads", "saved_for"}, {"op", "grads"})
     op = _str(spec["op"], where.at("op"))
     saves = spec.get("saves") or []
     if not isinstance(saves, list) or not all(isinstance(name, str) and name.isidentifier() for name in saves):
@@ -416,7 +416,14 @@ def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outpu
     clash = sorted(set(saves) & taken)
     if clash:
         raise where.at("saves").error(f"{', '.join(clash)} already name(s) a forward input, output or output gradient")
-    return BackwardDecl(op, tuple(saves), dict(grads))
+    saved_for = _mapping(spec.get("saved_for") or {}, where.at("saved_for"), set(saves))
+    for name, target in saved_for.items():
+        if _str(target, where.at(f"saved_for.{name}")) not in grads:
+            raise where.at(f"saved_for.{name}").error(
+                f"names {shown(target)}, which gets no gradient (grads: {', '.join(grads)}); a statistic is saved for "
+                "an input whose gradient it serves"
+            )
+    return BackwardDecl(op, tuple(saves), dict(grads), dict(saved_for))
 
 
 def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
@@ -446,6 +453,11 @@ def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
         for name in decl.saves:
             if name not in names:
                 raise where.at("saves").error(f"{name!r} is not an input of {decl.op}")
+            if name in decl.saved_for and not names[name].optional:
+                raise where.at(f"saved_for.{name}").error(
+                    f"{decl.op}'s input {name!r} must be optional: it is None where {decl.saved_for[name]!r} "
+                    "requires no grad"
+                )
             if not names[name].optional and names[name].derive is None:
                 raise where.at("saves").error(
                     f"{decl.op}'s input {name!r} must be optional (the backward op computes it) or declare a derive "

@@ -54,7 +54,7 @@ def unsupported_kind(tensor: torch.Tensor) -> str | None:
 
 def _sentence_inside(doc: str) -> str:
     """A doc sentence continued after a colon: its first word lower-cased unless it is a name
-    ("The input" -> "the input"; "RoPE's cache" and "V" stay), without the final period."""
+    or an acronym ("Each" -> "each"; "GPU's" and "KV" stay), without the final period."""
     first = doc.split(" ", 1)[0]
     if first[:1].isupper() and first[1:].islower():
         doc = doc[0].lower() + doc[1:]
@@ -286,6 +286,9 @@ class Signature:
         raise OpArgumentError(self._result_problem(result, call, producer))
 
     def _fits(self, index: int, item: Any, call: BoundCall) -> bool:
+        alias = self._aliased[index]
+        if alias is not None and call.inputs[alias] is None:
+            return item is None
         if not (
             isinstance(item, torch.Tensor)
             and item.shape == call.output_shapes[index]
@@ -309,6 +312,11 @@ class Signature:
         for index, (decl, item) in enumerate(zip(outputs, items)):
             if self._fits(index, item, call):
                 continue
+            if call.output_shapes[index] is None:
+                return (
+                    f"{self.op}: {producer} returned output {decl.name!r} as {type(item).__name__}; it aliases input "
+                    f"{decl.aliases!r}, which the call left out, and must be None"
+                )
             shape, dtype = tuple(call.output_shapes[index]), call.output_dtypes[index]
             if not isinstance(item, torch.Tensor):
                 got = type(item).__name__
@@ -389,6 +397,11 @@ class Signature:
     def _output_layout(self, values: list, dims: dict, params: Mapping[str, Any]):
         shapes, dtypes = [], []
         for decl in self.entry.outputs:
+            if decl.aliases is not None and values[self._input_index[decl.aliases]] is None:
+                # An output that aliases an optional input the call left out is None: no layout.
+                shapes.append(None)
+                dtypes.append(None)
+                continue
             if decl.shape_same_as is not None:
                 source = values[self._input_index[decl.shape_same_as]]
                 shapes.append(tuple(source.shape))

@@ -9,6 +9,9 @@ and bias by GEMM. They are saved as the backward op's ``grad_*`` inputs, and the
 multiplies them in place by the incoming gradient: the logits are computed once per training
 step, and the weight's gradient exists once (a scaled copy would be a second weight-sized tensor
 beside the saved one, at the start of the backward pass, where a training step's memory peaks).
+Only the gradients of inputs that require grad are computed (``saved_for`` in the manifest): a
+frozen lm-head, as LoRA fine-tuning keeps it, costs no weight-gradient GEMMs and no (V, H)
+tensor, and a model without a bias no column sums of each chunk's logits' gradient.
 
 Chunk size (``chunk_rows``) weighs time against memory: a chunk's weight-gradient GEMM reads and
 writes the whole (V, H) gradient, so a chunk needs enough rows for that GEMM to be bound by its
@@ -61,18 +64,18 @@ class _LinearLossOp(_ReducedLossOp):
         fields = (device, hidden_states.dtype, vocab, target_dtype, vector_ready(device, vocab, hidden_states.dtype))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
-    def chunks(self, hidden_states, weight, bias, target_ids, *, gradients: bool):
-        """(loss, grad_hidden, grad_weight, grad_bias) for a unit loss gradient; the gradients
-        are None without ``gradients``."""
+    def chunks(self, hidden_states, weight, bias, target_ids, *, gradients: frozenset[str] = frozenset()):
+        """(loss, grad_hidden, grad_weight, grad_bias) for a unit loss gradient; each gradient
+        is computed where ``gradients`` names its input, else None."""
         params = self.params
         rows, vocab = hidden_states.shape[0], weight.shape[0]
         wide = compute_dtype(hidden_states.dtype)
         keep = target_ids != params["ignore_index"]
         count = keep.sum()
         total = torch.zeros((), dtype=wide, device=hidden_states.device)
-        grad_hidden = torch.empty_like(hidden_states) if gradients else None
-        grad_weight = torch.zeros_like(weight) if gradients else None
-        grad_bias = torch.zeros(vocab, dtype=wide, device=hidden_states.device) if gradients else None
+        grad_hidden = torch.empty_like(hidden_states) if "hidden_states" in gradients else None
+        grad_weight = torch.zeros_like(weight) if "weight" in gradients else None
+        grad_bias = torch.zeros(vocab, dtype=wide, device=hidden_states.device) if "bias" in gradients else None
         # A unit gradient of the loss, per row: 1 for 'sum', 1 / count for 'mean' (0 / 0 rows:
         # every row is ignored and gets 0 below).
         unit = torch.ones((), dtype=wide, device=hidden_states.device)
@@ -81,22 +84,32 @@ class _LinearLossOp(_ReducedLossOp):
         step = chunk_rows(rows, hidden_states.shape[1], vocab)
         for start in range(0, rows, step):
             part = slice(start, min(rows, start + step))
-            logits = F.linear(hidden_states[part], weight, bias)
-            chunk_targets = target_ids[part]
-            losses, lse = self.rows_of(logits, chunk_targets)
-            total = total + losses.sum()
-            if not gradients:
-                continue
-            softmax_scale, target_scale = self.coefficients(unit, None, chunk_targets, lse.to(wide))
-            dlogits = self.gradient(logits, chunk_targets, lse.to(wide), softmax_scale, target_scale, logits)
-            torch.matmul(dlogits, weight, out=grad_hidden[part])
-            grad_weight.addmm_(dlogits.t(), hidden_states[part])
-            grad_bias += dlogits.sum(0, dtype=wide)
+            total = total + self.chunk(hidden_states, weight, bias, target_ids, part, unit, grad_hidden, grad_weight, grad_bias)
         loss = total if params["reduction"] == "sum" else total / count
         check_targets(type(self).__name__, target_ids, vocab, params["ignore_index"], loss)
-        if gradients:
-            return loss, grad_hidden, grad_weight, grad_bias.to(hidden_states.dtype)
-        return loss, None, None, None
+        return loss, grad_hidden, grad_weight, None if grad_bias is None else grad_bias.to(hidden_states.dtype)
+
+    def chunk(self, hidden_states, weight, bias, target_ids, part, unit, grad_hidden, grad_weight, grad_bias):
+        """The summed loss of the rows ``part``; adds their share into each gradient given. A
+        method of its own so that the chunk's logits are freed when it returns, before the next
+        chunk's exist: a loop body would hold them until it rebinds the name, two chunks at once
+        (H100, a 1.2B Llama's training step: two chunks' logits, 2 x 125 MiB, were alive at the
+        step's peak of memory)."""
+        wide = unit.dtype
+        logits = F.linear(hidden_states[part], weight, bias)
+        chunk_targets = target_ids[part]
+        losses, lse = self.rows_of(logits, chunk_targets)
+        if grad_hidden is None and grad_weight is None and grad_bias is None:
+            return losses.sum()
+        softmax_scale, target_scale = self.coefficients(unit, None, chunk_targets, lse.to(wide))
+        dlogits = self.gradient(logits, chunk_targets, lse.to(wide), softmax_scale, target_scale, logits)
+        if grad_hidden is not None:
+            torch.matmul(dlogits, weight, out=grad_hidden[part])
+        if grad_weight is not None:
+            grad_weight.addmm_(dlogits.t(), hidden_states[part])
+        if grad_bias is not None:
+            grad_bias += dlogits.sum(0, dtype=wide)
+        return losses.sum()
 
     def rows_of(self, logits, target_ids):
         """The rows step on one chunk (the targets are checked once, on the loss of all chunks)."""
@@ -116,19 +129,20 @@ class LinearCrossEntropyFwdOp(_LinearLossOp):
     ``op(hidden_states, weight, bias=None, target_ids) -> loss``."""
 
     def forward(self, hidden_states, weight, bias, target_ids):
-        loss, *_ = self.chunks(hidden_states, weight, bias, target_ids, gradients=False)
+        loss, *_ = self.chunks(hidden_states, weight, bias, target_ids)
         return loss.to(hidden_states.dtype)
 
-    def forward_saving(self, hidden_states, weight, bias, target_ids):
-        loss, grad_hidden, grad_weight, grad_bias = self.chunks(hidden_states, weight, bias, target_ids, gradients=True)
-        return loss.to(hidden_states.dtype), (grad_hidden, grad_weight, grad_bias)
+    def forward_saving(self, hidden_states, weight, bias, target_ids, *, wanted):
+        loss, *gradients = self.chunks(hidden_states, weight, bias, target_ids, gradients=wanted)
+        return loss.to(hidden_states.dtype), tuple(gradients)
 
 
 class LinearCrossEntropyBwdOp(_LinearLossOp):
     """Gradients of ``LinearCrossEntropyFwdOp``:
     ``op(dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias) -> (dhidden, dweight, dbias)``,
-    the forward's unit gradients ``grad_*`` scaled by ``dloss`` in place and returned. A scale
-    is torch's elementwise multiply on every device: the op calls no kernel interface."""
+    the forward's unit gradients ``grad_*`` scaled by ``dloss`` in place and returned (None for
+    each not given: its input got no gradient). A scale is torch's elementwise multiply on every
+    device: the op calls no kernel interface."""
 
     kernel_interfaces = ()
 
@@ -138,5 +152,6 @@ class LinearCrossEntropyBwdOp(_LinearLossOp):
         # took torch's casting path, which is not vectorised: H100, a 1.2B Llama's step, 1.17 ms
         # for the three gradients where their memory traffic is ~0.35 ms.
         for grad in (grad_hidden, grad_weight, grad_bias):
-            grad.mul_(dloss)
+            if grad is not None:
+                grad.mul_(dloss)
         return grad_hidden, grad_weight, grad_bias
