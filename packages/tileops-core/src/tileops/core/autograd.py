@@ -113,8 +113,9 @@ class Differentiation:
         backward input's ``derive`` expression (from the forward's inputs, outputs and params),
         and None for each saved for an input that wants no gradient."""
         if self.saves_for_inputs:
-            saved = tuple(None if skip else value for value, skip in zip(saved, self.unwanted(wanted)))
-            missing = [value is None and not skip for value, skip in zip(saved, self.unwanted(wanted))]
+            skipped = self.unwanted(wanted)
+            saved = tuple(None if skip else value for value, skip in zip(saved, skipped))
+            missing = [value is None and not skip for value, skip in zip(saved, skipped)]
         else:
             missing = [value is None for value in saved]
         if not any(missing):
