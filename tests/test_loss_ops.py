@@ -360,6 +360,43 @@ def test_linear_cross_entropy_computes_in_its_forward_only_the_gradients_its_inp
         torch.testing.assert_close(bias.grad, b.grad)
 
 
+def test_linear_cross_entropy_holds_one_chunk_of_logits_at_a_time():
+    import weakref
+
+    from tileops.ops import LinearCrossEntropyFwdOp
+    from tileops.ops.loss.linear import chunk_rows
+
+    hidden_states = torch.randn(24, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(1000, 8, dtype=torch.float64, requires_grad=True)
+    target_ids = torch.randint(0, 1000, (24,))
+    chunk = chunk_rows(24, 8, 1000) * 1000
+    assert chunk < 24 * 1000  # several chunks
+
+    class LiveChunks(TorchDispatchMode):
+        """The most chunks' logits alive at once."""
+
+        def __init__(self):
+            super().__init__()
+            self.alive = self.most = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and result.numel() == chunk:
+                self.alive += 1  # a chunk's logits, from its GEMM
+                self.most = max(self.most, self.alive)
+                weakref.finalize(result, self.freed)
+            return result
+
+        def freed(self):
+            self.alive -= 1
+
+    live = LiveChunks()
+    with live:
+        LinearCrossEntropyFwdOp()(hidden_states, weight, None, target_ids)
+    # The extra memory of the loss is one chunk's logits (their gradient is written over them).
+    assert live.most == 1
+
+
 @pytest.mark.parametrize(
     ("declared", "message"),
     [
