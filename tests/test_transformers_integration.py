@@ -408,6 +408,36 @@ def test_a_training_step_with_the_cache_on_calls_the_op_without_copying_q():
     assert calls and set(calls) == {("bshd", True)}
 
 
+@pytest.mark.parametrize("use_cache", [None, True], ids=["not-passed", "passed"])
+def test_a_training_step_with_labels_builds_no_kv_cache_unless_asked(use_cache):
+    # A cache's copies of the keys and values would live until the loss is taken, at the peak.
+    _, model, _ = patched_pair("llama")
+    ops = model.model.layers[0].self_attn.tileops_attention
+    contiguous = []
+
+    class Recording:
+        def __init__(self, op):
+            self.op, self.params = op, op.params
+
+        def __call__(self, q, k, v):
+            contiguous.append((q.is_contiguous(), k.is_contiguous(), v.is_contiguous()))
+            return self.op(q, k, v)
+
+    for key in list(ops.ops):
+        ops.ops[key] = Recording(ops.ops[key])
+    model.train()
+    given = {} if use_cache is None else {"use_cache": use_cache}
+    output = model(tokens(), labels=tokens(), **given)
+    assert (output.past_key_values is None) == (use_cache is None)
+    output.loss.backward()
+    # Without the cache's concatenation, k and v reach the op as views of the projections in its
+    # layout: nothing is copied. The cache's (B, H, S, D) copies are not in the op's layout.
+    assert set(contiguous) == ({(True, True, True)} if use_cache is None else {(True, False, False)})
+    model.eval()  # evaluation keeps the model's own default
+    with torch.no_grad():
+        assert model(tokens(), labels=tokens()).past_key_values is not None
+
+
 def test_the_decision_is_read_inside_a_compiled_graph():
     # Off the CPU the attention function looks the decision up while Dynamo traces it (meta
     # tensors stand for a GPU's here): the lookup must trace, with dynamic shapes too.

@@ -9,7 +9,8 @@ Two parts, both set on the model instance by ``apply()``:
 * ``fused_forward_class(cls)`` is the model's class with a forward that, in training with
   labels, never computes the logits: the last hidden states, the lm-head weight and the shifted
   labels go to ``LinearCrossEntropyFwdOp``, which projects and takes the loss a chunk of rows at a
-  time. The output's ``logits`` is then None (as Liger-Kernel's patched forward). In eval mode,
+  time. The output's ``logits`` is then None (as Liger-Kernel's patched forward), and so is its
+  KV cache unless the call passes ``use_cache=True``: a training step builds none. In eval mode,
   without labels, or with ``logits_to_keep``, the class's own forward runs (with the
   ``loss_function`` above).
 
@@ -117,6 +118,13 @@ def fused_forward_class(cls: type) -> type:
             # The cache's former name, which the class's forward still takes (deprecated): passed
             # on beside cache=None, transformers would keep the None and drop the cache.
             arguments["cache"] = extra.pop("past_key_values")
+        if "use_cache" not in arguments and "use_cache" not in extra:
+            # transformers builds a KV cache in training too (use_cache defaults to the config's,
+            # on in Llama's): the cache holds a (B, H, S, D) copy of every layer's keys and
+            # values until the loss is taken, where a training step's memory peaks, and the
+            # attention op, in (B, S, H, D), copies them once more (H100, a 1.2B Llama at 4 x
+            # 2048 tokens: 32 x 8 MiB of each kind alive at the step's peak).
+            (arguments if "use_cache" in signature.parameters else extra)["use_cache"] = False
         return_dict = extra.pop("return_dict", True)
         outputs = self.model(**arguments, **extra)
         hidden_states = outputs.last_hidden_state
