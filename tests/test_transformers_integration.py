@@ -387,9 +387,9 @@ def test_attention_takes_the_layout_that_copies_least():
     assert _layout(torch.empty(2, 8, 9, 16), torch.empty(2, 8, 9, 16), torch.empty(2, 8, 9, 16)) == "bhsd"
 
 
-def test_a_training_step_with_the_cache_on_calls_the_op_without_copying_q():
-    # transformers builds a DynamicCache whenever use_cache is on, in training too.
-    _, model, _ = patched_pair("llama")
+def _record_attention_calls(model) -> list[tuple[str, bool, bool, bool]]:
+    """The calls of the first layer's attention ops, as they come: (the op's layout, and whether
+    q, k and v are contiguous), appended to the returned list."""
     ops = model.model.layers[0].self_attn.tileops_attention
     calls = []
 
@@ -398,41 +398,37 @@ def test_a_training_step_with_the_cache_on_calls_the_op_without_copying_q():
             self.op, self.params = op, op.params
 
         def __call__(self, q, k, v):
-            calls.append((self.params["qkv_layout"], q.is_contiguous()))
+            calls.append((self.params["qkv_layout"], q.is_contiguous(), k.is_contiguous(), v.is_contiguous()))
             return self.op(q, k, v)
 
     for key in list(ops.ops):
         ops.ops[key] = Recording(ops.ops[key])
+    return calls
+
+
+def test_a_training_step_with_the_cache_on_calls_the_op_without_copying_q():
+    # transformers builds a DynamicCache whenever use_cache is on, in training too.
+    _, model, _ = patched_pair("llama")
+    calls = _record_attention_calls(model)
     model.train()
     model(tokens(), labels=tokens(), use_cache=True).loss.backward()
-    assert calls and set(calls) == {("bshd", True)}
+    # The cache's (B, H, S, D) copies of k and v are not in the op's layout: the op copies them.
+    assert calls and set(calls) == {("bshd", True, False, False)}
 
 
 @pytest.mark.parametrize("use_cache", [None, True], ids=["not-passed", "passed"])
 def test_a_training_step_with_labels_builds_no_kv_cache_unless_asked(use_cache):
     # A cache's copies of the keys and values would live until the loss is taken, at the peak.
     _, model, _ = patched_pair("llama")
-    ops = model.model.layers[0].self_attn.tileops_attention
-    contiguous = []
-
-    class Recording:
-        def __init__(self, op):
-            self.op, self.params = op, op.params
-
-        def __call__(self, q, k, v):
-            contiguous.append((q.is_contiguous(), k.is_contiguous(), v.is_contiguous()))
-            return self.op(q, k, v)
-
-    for key in list(ops.ops):
-        ops.ops[key] = Recording(ops.ops[key])
+    calls = _record_attention_calls(model)
     model.train()
     given = {} if use_cache is None else {"use_cache": use_cache}
     output = model(tokens(), labels=tokens(), **given)
     assert (output.past_key_values is None) == (use_cache is None)
     output.loss.backward()
     # Without the cache's concatenation, k and v reach the op as views of the projections in its
-    # layout: nothing is copied. The cache's (B, H, S, D) copies are not in the op's layout.
-    assert set(contiguous) == ({(True, True, True)} if use_cache is None else {(True, False, False)})
+    # layout: nothing is copied.
+    assert set(calls) == ({("bshd", True, True, True)} if use_cache is None else {("bshd", True, False, False)})
     model.eval()  # evaluation keeps the model's own default
     with torch.no_grad():
         assert model(tokens(), labels=tokens()).past_key_values is not None
@@ -790,7 +786,7 @@ def test_the_end_to_end_benchmark_runs_its_quick_form():
     # Each variant is measured in a process of its own; one that fails there raises its last
     # line of error output.
     args = argparse.Namespace(quick=True, batch=2, seq=16, prompt=4, new_tokens=4, repeats=1, dtype="no_such_dtype",
-                              device="cpu")
+                              device="cpu", peak_breakdown=False)
     with pytest.raises(bench.VariantFailed, match="no attribute 'no_such_dtype'"):
         bench.measure_apart("eager", args)
 

@@ -19,6 +19,9 @@ vocabulary 128256, as Llama 3.2 1B). For each variant it measures, on the same i
   second. The compiled variants decode with a static cache (``cache_implementation="static"``,
   which transformers compiles with CUDA graphs); the eager ones with the dynamic cache.
 
+``--peak-breakdown`` adds, for each variant, what its training step holds at its peak of memory:
+the allocations alive then, grouped by size and by the lines that made them (``memory_peak``).
+
 Variants: ``eager`` and ``compile`` (unpatched), ``liger`` (``apply_liger_kernel_to_llama`` on
 the instance), ``tileops`` and ``tileops-compile`` (``tileops.integrations.transformers.apply``).
 Each variant builds its own model from the same seed, in an interpreter of its own: Liger-Kernel's
@@ -34,10 +37,14 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import torch
 
 from tileops.core.timing import best_call_times_us
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools beside this script
+import memory_peak
 
 FULL = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
         "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": True}
@@ -108,6 +115,11 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
     # torch counts the allocations of CUDA devices only: elsewhere the columns say so.
     peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if base is not None else None
     forward_held = (held[-1] - base) / 2**30 if base is not None else None
+    peak_sources = None
+    if args.peak_breakdown and device.type == "cuda":
+        with memory_peak.recording(device.index or 0) as events:
+            train_step()
+        peak_sources = memory_peak.breakdown(memory_peak.peak_allocations(events))
     optimizer.state.clear()
 
     def prefill() -> None:
@@ -129,7 +141,8 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
 
     decode_seconds = _best_seconds(decode, device, args.repeats)
     return {"variant": variant, "note": note, "step_ms": step * 1e3, "peak_gib": peak, "held_gib": forward_held,
-            "prefill_tok_s": args.batch * args.seq / prefill_seconds, "decode_tok_s": args.batch * args.new_tokens / decode_seconds}
+            "prefill_tok_s": args.batch * args.seq / prefill_seconds, "decode_tok_s": args.batch * args.new_tokens / decode_seconds,
+            "peak_sources": peak_sources}
 
 
 def table(rows: list[dict]) -> str:
@@ -155,7 +168,8 @@ def measure_apart(variant: str, args: argparse.Namespace) -> dict:
     docstring); its error, if any, raised here with the child's last line of error output."""
     command = [sys.executable, "-P", __file__, "--measure-one", variant, "--batch", str(args.batch), "--seq", str(args.seq),
                "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
-               "--dtype", args.dtype, "--device", args.device] + (["--quick"] if args.quick else [])
+               "--dtype", args.dtype, "--device", args.device] + (["--quick"] if args.quick else []) + (
+               ["--peak-breakdown"] if args.peak_breakdown else [])
     child = subprocess.run(command, capture_output=True, text=True)
     # The child's log (kernel builds, library warnings) is the run's log too.
     sys.stderr.write(child.stderr)
@@ -176,6 +190,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats after a warm-up (default 5; 1 with --quick)")
     parser.add_argument("--dtype", default=None, help="bfloat16 (default) or float32 (default with --quick off CUDA)")
     parser.add_argument("--device", default=None, help="default: cuda where present, else cpu")
+    parser.add_argument("--peak-breakdown", action="store_true",
+                        help="after the table, what each variant's training step holds at its peak of memory (CUDA)")
     parser.add_argument("--measure-one", choices=VARIANTS, help=argparse.SUPPRESS)  # the child of measure_apart()
     args = parser.parse_args(argv)
     quick = {"batch": 2, "seq": 16, "prompt": 4, "new_tokens": 4, "repeats": 1}
@@ -216,6 +232,9 @@ def main(argv: list[str] | None = None) -> str:
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = (f"Llama {'(quick) ' if args.quick else ''}on {device.type}, {args.dtype}, batch {args.batch} x seq {args.seq}; "
             f"decode {args.new_tokens} tokens after {args.prompt}\n\n" + table(rows))
+    for row in rows:
+        if row.get("peak_sources"):
+            text += f"\n\n{row['variant']}: the training step's peak, " + row["peak_sources"]
     print(text)
     return text
 
