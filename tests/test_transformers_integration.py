@@ -82,7 +82,7 @@ def expected_replacements(architecture: str) -> list[tuple[str, str]]:
                  (f"{prefix}Attention: sdpa attention", "AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa for other masks and calls no kernel takes)")]
     return sorted([(original, f"tileops.integrations.transformers.{replacement.__name__}")] * count + per_layer * TINY["num_hidden_layers"]
                   + [("ForCausalLMLoss", "CrossEntropyFwdOp"),
-                     (f"{prefix}ForCausalLM.forward", "LinearCrossEntropyFwdOp in training with labels (no logits)")])
+                     (f"{prefix}ForCausalLM.forward", "LinearCrossEntropyFwdOp in training with labels (no logits, no KV cache)")])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -515,7 +515,7 @@ def test_the_report_lists_what_was_replaced_and_what_was_left():
     assert "  Qwen3Attention: apply_rotary_pos_emb -> RotaryEmbeddingFwdOp (2): model.layers.{0-1}.self_attn" in text
     assert "  Qwen3Attention: sdpa attention -> AttentionFwdOp, DecodeAttentionFwdOp for decode steps (sdpa for other masks and calls no kernel takes) (2): model.layers.{0-1}.self_attn" in text
     assert "  ForCausalLMLoss -> CrossEntropyFwdOp (1): loss_function" in text
-    assert "  Qwen3ForCausalLM.forward -> LinearCrossEntropyFwdOp in training with labels (no logits) (1): forward" in text
+    assert "  Qwen3ForCausalLM.forward -> LinearCrossEntropyFwdOp in training with labels (no logits, no KV cache) (1): forward" in text
     assert "  rotary embedding: Qwen3RotaryEmbedding (1): model.rotary_emb: it computes the cos and sin tables, in torch" in text
 
     again = tileops_hf.apply(model)  # a second call replaces nothing

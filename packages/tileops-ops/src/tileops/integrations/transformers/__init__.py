@@ -15,8 +15,8 @@ of it, and returns a ``Report`` (print it) of what it replaced and what it left,
   (transformers' sdpa function serves the calls the op cannot express: a padding mask, dropout);
 * the loss (``loss``): a causal LM's ``loss_function`` runs on ``CrossEntropyFwdOp``, and in
   training with labels its forward skips the logits and takes the loss from the last hidden
-  states on ``LinearCrossEntropyFwdOp`` (``output.logits`` is then None; ``fused_loss=False``
-  keeps the logits).
+  states on ``LinearCrossEntropyFwdOp`` (``output.logits`` is then None, and so is the KV cache
+  unless the call passes ``use_cache=True``; ``fused_loss=False`` keeps the logits).
 
 An architecture it does not know gets what it recognises by module type replaced; the rest is
 reported. A replacement module holds the replaced module's own ``Parameter`` objects, and the
@@ -203,7 +203,7 @@ def _plan_loss(plan: _Plan, model: torch.nn.Module, fused_loss: bool) -> None:
         model.tileops_linear_loss = ops
         model.__class__ = fused
 
-    plan.replace("forward", f"{name}.forward", "LinearCrossEntropyFwdOp in training with labels (no logits)", change)
+    plan.replace("forward", f"{name}.forward", "LinearCrossEntropyFwdOp in training with labels (no logits, no KV cache)", change)
 
 
 #: The oldest transformers release apply() patches: its attention function and mask builder
