@@ -200,7 +200,7 @@ def _saving_custom_op(op_class: type[Op]):
         # A custom op's result may alias none of its arguments (an implementation may return a
         # view of an input where nothing changes).
         outputs = tuple(r.clone() if _is_input(r, inputs) else r for r in outputs)
-        saved = tuple(torch.empty(0, device=call.device) if value is None else value for value in saved)
+        saved = tuple(_nothing(call.device) if value is None else value for value in saved)
         return _one_or_tuple((*outputs, *saved))
 
     def fake(*arguments):
@@ -210,7 +210,7 @@ def _saving_custom_op(op_class: type[Op]):
             call = op.signature().bind(op.params, inputs, given, check_overlap=False)
         except OpArgumentError:
             outputs = _placeholders(entry, inputs)
-            return _one_or_tuple((*outputs, *[torch.empty(0, device=outputs[0].device) for _ in saves]))
+            return _one_or_tuple((*outputs, *[_nothing(outputs[0].device) for _ in saves]))
         outputs = tuple(
             torch.empty(shape, dtype=dtype, device=call.device)
             for shape, dtype in zip(call.output_shapes, call.output_dtypes)
@@ -220,7 +220,7 @@ def _saving_custom_op(op_class: type[Op]):
             tensors[t.name] = tensors[f"d{t.name}"] = value
         statistics = _statistics(backward_entry, saves, tensors, op.params, call.device)
         skipped = op.differentiation.unwanted(wanted)
-        statistics = [torch.empty(0, device=call.device) if skip else value for value, skip in zip(statistics, skipped)]
+        statistics = [_nothing(call.device) if skip else value for value, skip in zip(statistics, skipped)]
         return _one_or_tuple((*outputs, *statistics))
 
     custom = torch.library.custom_op(
@@ -266,7 +266,13 @@ def _alias_placeholder(inputs: tuple, index: int) -> torch.Tensor:
     returns the input itself, or None where the call left that optional input out."""
     if inputs[index] is not None:
         return _placeholder(inputs[index])
-    return torch.empty(0, device=next(t.device for t in inputs if isinstance(t, torch.Tensor)))
+    return _nothing(next(t.device for t in inputs if isinstance(t, torch.Tensor)))
+
+
+def _nothing(device: torch.device) -> torch.Tensor:
+    """What a custom op returns where it has no tensor to return (its results are tensors): an
+    empty one. Where it stands for None, the traced call or the autograd formula puts None back."""
+    return torch.empty(0, device=device)
 
 
 def _placeholders(entry, inputs: tuple) -> tuple[torch.Tensor, ...]:
