@@ -101,7 +101,9 @@ for kind, fields in [{jobs}]:
     if kind == "fwd":
         programs.compile_forward(call, {target!r}, **policy.forward_config(call.head_dim))
     else:
-        programs.compile_bwd_main(call, {target!r}, **policy.backward_config(call.head_dim))
+        dense = programs.__name__.endswith(".programs")  # the variable-length backward has no schedule options
+        config = (policy.dense_backward_config if dense else policy.backward_config)(call.head_dim)
+        programs.compile_bwd_main(call, {target!r}, **config)
         programs.compile_bwd_pre(call, {target!r}, **policy.ROWS_KERNEL)
         programs.compile_bwd_post(call, {target!r}, **policy.ROWS_KERNEL)
 """

@@ -57,6 +57,11 @@ def test_the_tiles_fit_shared_memory_and_give_each_warpgroup_whole_wgmma_rows(he
     assert backward["split_columns"] == (n < 128)  # two warpgroups of 64 rows, or split by columns
     # dK and dV in float32 registers: at most 128 of a consumer thread's 240
     assert 2 * n * head_dim // backward["threads"] <= 128
+    # The dense backward's schedule on the same tiles; dQ through shared memory (a float32 tile)
+    # only where it fits beside them.
+    dense = policy.dense_backward_config(head_dim)
+    assert dense == {**backward, "overlap": True, "per_query_head": True, "dq_by_tma": dense["dq_by_tma"]}
+    assert dense["dq_by_tma"] == (smem + m * head_dim * 4 <= policy.SMEM_BYTES)
     assert policy.forward_candidates(head_dim)[0] == forward
 
 
@@ -110,13 +115,18 @@ def test_the_backward_runs_delta_main_and_cast_with_zeroed_padded_workspaces(lau
     dq, dk, dv = kernel.forward(q, q, k, k, q, lse, dlse)
     assert [name for name, _, _ in launches] == ["bwd_pre", "bwd_main", "bwd_post"]
     (_, _, pre), (_, main_config, main), (_, _, post) = launches
-    assert main_config == policy.backward_config(128)
+    assert main_config == policy.dense_backward_config(128)
     delta, lse2 = pre[4], pre[5]
     assert delta.shape == lse2.shape == (3, 8, 128) and delta.dtype == torch.float32  # 100 rows padded to 128
     assert torch.equal(pre[3], dlse) if with_dlse else (pre[3].shape == lse.shape and not pre[3].any())
     dq_acc = main[6]
     assert dq_acc.shape == (3, 8, 128, 128) and dq_acc.dtype == torch.float32 and not dq_acc.any()
-    assert main[4] is delta and main[5] is lse2 and main[7] is dk and main[8] is dv
+    assert main[4] is delta and main[5] is lse2
+    # Four query heads per key/value head: dk and dv accumulate in float32, 130 key rows padded to
+    # two 128-row key blocks, and are copied out.
+    for accumulator in main[7:9]:
+        assert accumulator.shape == (3, 256, 2, 128) and accumulator.dtype == torch.float32 and not accumulator.any()
+    assert dk.shape == dv.shape == k.shape and dk.dtype == torch.float16
     assert post == (dq_acc, dq)
     assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dq.dtype == torch.float16
 

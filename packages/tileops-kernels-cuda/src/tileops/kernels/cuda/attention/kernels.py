@@ -99,7 +99,7 @@ class AttentionBwdKernel(_TileLangAttention, AttentionBwdInterface):
     outputs = (_like(1), _like(2), _like(3))
 
     def default_config(self) -> dict[str, Any]:
-        return policy.backward_config(self.params.head_dim)
+        return policy.dense_backward_config(self.params.head_dim)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
         return [self.default_config()]
@@ -117,6 +117,8 @@ class AttentionBwdKernel(_TileLangAttention, AttentionBwdInterface):
         pre = entry_function(programs.compile_bwd_pre(call, self.tilelang_target, **policy.ROWS_KERNEL))
         post = entry_function(programs.compile_bwd_post(call, self.tilelang_target, **policy.ROWS_KERNEL))
         seq_dim = 1 if call.layout == "bshd" else 2
+        # One block per query head adds each head's dK and dV into float32 accumulators.
+        accumulate_kv = config.get("per_query_head", False) and call.heads_q > call.heads_kv
 
         def launch(*tensors: torch.Tensor) -> None:
             # (do, q, k, v, o, lse, [dlse], dq, dk, dv): an absent dlse is left out by the caller.
@@ -129,7 +131,17 @@ class AttentionBwdKernel(_TileLangAttention, AttentionBwdInterface):
             lse2 = torch.empty_like(delta)
             dq_acc = torch.zeros(batch, call.heads_q, s_pad, call.head_dim, dtype=torch.float32, device=q.device)
             pre(do, o, lse, dlse, delta, lse2)
-            main(do, q, k, v, delta, lse2, dq_acc, dk, dv)
+            if accumulate_kv:
+                s_k = k.shape[seq_dim]
+                padded = list(k.shape)
+                padded[seq_dim] = -(-s_k // config["block_n"]) * config["block_n"]
+                dk_acc = torch.zeros(padded, dtype=torch.float32, device=k.device)
+                dv_acc = torch.zeros_like(dk_acc)
+                main(do, q, k, v, delta, lse2, dq_acc, dk_acc, dv_acc)
+                dk.copy_(dk_acc.narrow(seq_dim, 0, s_k))
+                dv.copy_(dv_acc.narrow(seq_dim, 0, s_k))
+            else:
+                main(do, q, k, v, delta, lse2, dq_acc, dk, dv)
             post(dq_acc, dq)
 
         return launch

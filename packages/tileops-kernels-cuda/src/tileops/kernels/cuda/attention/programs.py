@@ -33,6 +33,7 @@ import torch
 
 from ..compile import compile_once
 from ..device import hopper_target
+from .policy import WGMMA_ROWS
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 LOG2E = 1.4426950408889634
@@ -213,14 +214,23 @@ def make_bwd_pre(dtype, head_dim, heads_q, layout, *, block_m, threads):
 
 
 def make_bwd_main(
-    dtype, head_dim, heads_q, heads_kv, causal, window, scale, layout, *, block_n, block_m, stages, threads, split_columns
+    dtype, head_dim, heads_q, heads_kv, causal, window, scale, layout, *, block_n, block_m, stages, threads, split_columns,
+    overlap=False, per_query_head=False, dq_by_tma=False,
 ):
-    """``main(do, q, k, v, delta, lse2, dq_acc, dk, dv)``: dk and dv in k's dtype and layout,
-    and dq (float32, (B, H_q, S_pad, D)) added into ``dq_acc``, which must start at zero.
+    """``main(do, q, k, v, delta, lse2, dq_acc, dk, dv)``: dk and dv in k's layout, and dq
+    (float32, (B, H_q, S_pad, D)) added into ``dq_acc``, which must start at zero.
     ``block_n`` key rows per block, ``block_m`` query rows per step. ``split_columns``: the
     warpgroups split the key block's (block_n, D) accumulators by columns (a key block of fewer
     rows than 64 per warpgroup, as D = 256 needs to keep dK and dV in registers), so P^T and dS^T
-    reach the dV and dK products through shared memory rather than each warpgroup's registers."""
+    reach the dV and dK products through shared memory rather than each warpgroup's registers.
+    ``overlap``: the products are issued asynchronously (the two score products back to back,
+    dV's beside the computation of dS), each waited for where its result is read.
+    ``per_query_head``: one block per (key block, query head) instead of per key/value head, each
+    block looping over its own head's query blocks; with several query heads per key/value head
+    dk and dv are then float32 accumulators in k's layout, their key rows padded to a multiple
+    of ``block_n``, added into with atomics, which must start at zero. ``dq_by_tma``: a step's
+    dQ goes through shared memory into the accumulator by one TMA reduce-add, not by each
+    thread's atomic adds."""
     import tilelang.language as T
 
     dt, acc = _TL_DTYPES[dtype], "float32"
@@ -232,6 +242,15 @@ def make_bwd_main(
     stat_shape = [batch, heads_q, s_pad]
     acc_shape = [batch, heads_q, s_pad, head_dim]
     score_policy = T.GemmWarpPolicy.FullCol if split_columns else T.GemmWarpPolicy.FullRow
+    accumulate_kv = per_query_head and group > 1
+    kv_grad_dtype = acc if accumulate_kv else dt
+    # The accumulators' rows are padded to whole key blocks: a tile's atomic add checks no bounds.
+    kv_grad_shape = _shapes(layout, batch, T.dynamic("s_k_pad"), heads_kv, head_dim) if accumulate_kv else kv_shape
+    gemm = T.wgmma_gemm if overlap else T.gemm
+    # The dQ product's M is block_m; under 64 rows it cannot be a wgmma of both warpgroups.
+    dq_gemm = gemm if block_m >= WGMMA_ROWS else T.gemm
+    blocks_per_kv_head = heads_q if per_query_head else heads_kv
+    steps_per_block = 1 if per_query_head else group
 
     @T.prim_func
     def main(
@@ -242,10 +261,10 @@ def make_bwd_main(
         DELTA: T.Tensor(stat_shape, acc),
         LSE2: T.Tensor(stat_shape, acc),
         DQ: T.Tensor(acc_shape, acc),
-        DK: T.Tensor(kv_shape, dt),
-        DV: T.Tensor(kv_shape, dt),
+        DK: T.Tensor(kv_grad_shape, kv_grad_dtype),
+        DV: T.Tensor(kv_grad_shape, kv_grad_dtype),
     ):
-        with T.Kernel(T.ceildiv(s_k, block_n), heads_kv, batch, threads=threads) as (bx, by, bz):
+        with T.Kernel(T.ceildiv(s_k, block_n), blocks_per_kv_head, batch, threads=threads) as (bx, by, bz):
             k_tile = T.alloc_shared([block_n, head_dim], dt)
             v_tile = T.alloc_shared([block_n, head_dim], dt)
             q_tile = T.alloc_shared([block_m, head_dim], dt)
@@ -262,12 +281,15 @@ def make_bwd_main(
             dk = T.alloc_fragment([block_n, head_dim], acc)
             dv = T.alloc_fragment([block_n, head_dim], acc)
             dq = T.alloc_fragment([block_m, head_dim], acc)
-            out_tile = T.alloc_shared([block_n, head_dim], dt)
+            if dq_by_tma:
+                dq_shared = T.alloc_shared([block_m, head_dim], acc)
+            out_tile = T.alloc_shared([block_n, head_dim], kv_grad_dtype)
 
+            kv_head = by // group if per_query_head else by
             k0 = bx * block_n
             offset = s_k - s_q
-            T.copy(_rows(K, layout, bz, k0, block_n, by), k_tile)
-            T.copy(_rows(V, layout, bz, k0, block_n, by), v_tile)
+            T.copy(_rows(K, layout, bz, k0, block_n, kv_head), k_tile)
+            T.copy(_rows(V, layout, bz, k0, block_n, kv_head), v_tile)
             T.clear(dk)
             T.clear(dv)
 
@@ -277,39 +299,57 @@ def make_bwd_main(
             reach = T.min(s_q, k0 + block_n - offset + window) if window is not None else s_q
             last = T.ceildiv(T.max(reach, 0), block_m)
             blocks = T.max(last - first, 0)
-            for step in T.Pipelined(blocks * group, num_stages=stages):
-                head = by * group + step // blocks
+            for step in T.Pipelined(blocks * steps_per_block, num_stages=stages):
+                head = by if per_query_head else by * group + step // blocks
                 q0 = (first + step % blocks) * block_m
                 T.copy(_rows(Q, layout, bz, q0, block_m, head), q_tile)
                 T.clear(p)
-                T.gemm(k_tile, q_tile, p, transpose_B=True, policy=score_policy)
+                gemm(k_tile, q_tile, p, transpose_B=True, policy=score_policy)
                 T.copy(_rows(DO, layout, bz, q0, block_m, head), do_tile)
                 T.clear(dp)
-                T.gemm(v_tile, do_tile, dp, transpose_B=True, policy=score_policy)
+                gemm(v_tile, do_tile, dp, transpose_B=True, policy=score_policy)
                 T.copy(LSE2[bz, head, q0 : q0 + block_m], lse2)
                 T.copy(DELTA[bz, head, q0 : q0 + block_m], delta)
+                if overlap:
+                    T.wait_wgmma(1)  # P^T's product done; dP^T's may still run
                 for i, j in T.Parallel(block_n, block_m):
                     seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
                     p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - lse2[j]), 0)
+                if overlap:
+                    T.wait_wgmma(0)
                 T.copy(p, p_cast)
+                if split_columns:
+                    T.copy(p_cast, p_tile)
+                    gemm(p_tile, do_tile, dv, policy=T.GemmWarpPolicy.FullCol)
+                else:
+                    gemm(p_cast, do_tile, dv, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(block_n, block_m):
                     ds_cast[i, j] = p[i, j] * (dp[i, j] - delta[j]) * scale
                 T.copy(ds_cast, ds_tile)
                 if split_columns:
-                    T.copy(p_cast, p_tile)
-                    T.gemm(p_tile, do_tile, dv, policy=T.GemmWarpPolicy.FullCol)
-                    T.gemm(ds_tile, q_tile, dk, policy=T.GemmWarpPolicy.FullCol)
+                    gemm(ds_tile, q_tile, dk, policy=T.GemmWarpPolicy.FullCol)
                 else:
-                    T.gemm(p_cast, do_tile, dv, policy=T.GemmWarpPolicy.FullRow)
-                    T.gemm(ds_cast, q_tile, dk, policy=T.GemmWarpPolicy.FullRow)
+                    gemm(ds_cast, q_tile, dk, policy=T.GemmWarpPolicy.FullRow)
                 T.clear(dq)
-                T.gemm(ds_tile, k_tile, dq, transpose_A=True)
-                T.atomic_add(DQ[bz, head, q0 : q0 + block_m, :], dq)
+                dq_gemm(ds_tile, k_tile, dq, transpose_A=True)
+                if overlap:
+                    T.wait_wgmma(0)
+                if dq_by_tma:
+                    T.copy(dq, dq_shared)
+                    T.atomic_add(DQ[bz, head, q0 : q0 + block_m, :], dq_shared, use_tma=True)
+                else:
+                    T.atomic_add(DQ[bz, head, q0 : q0 + block_m, :], dq)
 
             T.copy(dv, out_tile)
-            T.copy(out_tile, _rows(DV, layout, bz, k0, block_n, by))
+            if accumulate_kv:
+                T.atomic_add(_rows(DV, layout, bz, k0, block_n, kv_head), out_tile)
+            else:
+                T.copy(out_tile, _rows(DV, layout, bz, k0, block_n, kv_head))
             T.copy(dk, out_tile)
-            T.copy(out_tile, _rows(DK, layout, bz, k0, block_n, by))
+            if accumulate_kv:
+                T.atomic_add(_rows(DK, layout, bz, k0, block_n, kv_head), out_tile)
+            else:
+                T.copy(out_tile, _rows(DK, layout, bz, k0, block_n, kv_head))
 
     return main
 
