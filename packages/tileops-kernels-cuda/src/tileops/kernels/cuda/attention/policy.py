@@ -76,7 +76,10 @@ def forward_candidates(head_dim: int) -> list[dict[str, Any]]:
 
 def _backward_shared(block_n: int, block_m: int, head_dim: int) -> tuple[int, int]:
     """(fixed, per stage) shared memory of the backward's main kernel: the key block's K and V,
-    its P^T and dS^T tiles and the output tile; a query block's Q and dO per stage."""
+    its P^T and dS^T tiles and the output tile; a query block's Q and dO per stage. The output
+    tile is written after the loop, in memory TileLang shares with the loop's tiles, so its
+    float32 form (dK and dV added into accumulators) needs no more: D = 128 at 32/8 heads with
+    dQ's float32 tile would not fit otherwise, and it compiles and runs."""
     fixed = (2 * block_n * head_dim + 2 * block_n * block_m + block_n * head_dim) * _ELEMENT
     return fixed, 2 * block_m * head_dim * _ELEMENT
 
