@@ -65,6 +65,33 @@ def test_the_tiles_fit_shared_memory_and_give_each_warpgroup_whole_wgmma_rows(he
     assert policy.forward_candidates(head_dim)[0] == forward
 
 
+@pytest.mark.parametrize("window", [None, 0, 100, 1023], ids=lambda w: f"window={w}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_the_forward_leaves_unmasked_exactly_the_key_blocks_every_row_sees_whole(causal, window, block_n):
+    """The forward skips the mask of the key blocks ``whole_key_blocks`` names; an element-wise
+    check of every row against every key of each block says which those must be."""
+    pytest.importorskip("tilelang")
+    import tvm
+
+    simplify = tvm.arith.Analyzer().simplify
+    block_m = 128
+    for s_q in (1, 128, 300, 700):
+        for s_k in (1, 127, 128, 129, 700):
+            offset = s_k - s_q
+            for q0 in range(0, s_q, block_m):
+                first, end = (int(simplify(x)) for x in programs.whole_key_blocks(causal, window, q0, offset, s_k, block_m, block_n))
+                rows = torch.arange(q0, q0 + block_m)[:, None]
+                for kb in range(-(-s_k // block_n)):
+                    cols = torch.arange(kb * block_n, (kb + 1) * block_n)[None, :]
+                    seen = cols < s_k
+                    if causal:
+                        seen = seen & (cols <= rows + offset)
+                    if window is not None:
+                        seen = seen & (cols >= rows + offset - window)
+                    assert (first <= kb < end) == bool(seen.all()), (s_q, s_k, q0, kb, first, end)
+
+
 # -- the kernel classes on CPU tensors ----------------------------------------------------------
 
 

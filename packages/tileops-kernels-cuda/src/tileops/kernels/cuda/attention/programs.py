@@ -63,6 +63,17 @@ def _visible(causal: bool, window, row, col, s_k, offset):
     return ok
 
 
+def whole_key_blocks(causal: bool, window, q0, offset, s_k, block_m: int, block_n: int):
+    """(first, end) of the key blocks that every row of the query block from row ``q0`` sees
+    whole, which need no mask: from its last row's window start, before its first row's causal
+    limit and the last key (empty where there are none)."""
+    import tilelang.language as T
+
+    first = T.ceildiv(T.max(q0 + block_m - 1 + offset - window, 0), block_n) if window is not None else 0
+    end = T.min(T.max(q0 + offset + 1, 0) // block_n, s_k // block_n) if causal else s_k // block_n
+    return first, end
+
+
 def online_softmax_step(causal: bool, window, scale2: float, block_m: int, block_n: int, head_dim: int):
     """The forward's step over one key block, as a TileLang macro (inlined where a program calls
     it) that the dense and the variable-length forwards share: S = Q K^T masked to the keys each
@@ -150,14 +161,12 @@ def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, layo
             # its first row's window start.
             stop = T.min(s_k, T.max(q0 + block_m + offset, 0)) if causal else s_k
             start = T.max(q0 + offset - window, 0) if window is not None else 0
-            # The key blocks every row of this query block sees whole (from its last row's window
-            # start, before its first row's causal limit and the last key) get no mask: a mask
+            # The key blocks every row of this query block sees whole get no mask: a mask
             # is a few integer compares per score, which the exponentials' pass waits behind.
             # H100, bf16, 32/8 heads, same outputs bit for bit: causal D 64 (4 x 2048) 284.5 ->
             # 260.4 us, D 128 (4 x 4096) 1218.5 -> 1156.3 us, with a window of 1023 keys 591.3 ->
             # 392.3 us (its mask has three bounds), full attention 1031.2 -> 1018.6 us.
-            whole_from = T.ceildiv(T.max(q0 + block_m - 1 + offset - window, 0), block_n) if window is not None else 0
-            whole_to = T.min(T.max(q0 + offset + 1, 0) // block_n, s_k // block_n) if causal else s_k // block_n
+            whole_from, whole_to = whole_key_blocks(causal, window, q0, offset, s_k, block_m, block_n)
             for kb in T.Pipelined(start // block_n, T.ceildiv(stop, block_n), num_stages=stages):
                 T.copy(_rows(K, layout, bz, kb * block_n, block_n, kv_head), k_tile)
                 whole = T.And(kb >= whole_from, kb < whole_to)
