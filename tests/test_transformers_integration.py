@@ -776,17 +776,25 @@ def test_the_end_to_end_benchmark_runs_its_quick_form():
     spec = importlib.util.spec_from_file_location("bench_llama", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu"])
+    text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu", "--kernel-profile", "3"])
     rows = [line for line in text.splitlines() if line.startswith("| eager |") or line.startswith("| tileops |")]
     assert len(rows) == 2 and "13 parts replaced, 1 left (rotary embedding 1)" in rows[1]
     cells = [row.split("|")[2:7] for row in rows]
     assert all(cell.strip() == "not measured" for row in cells for cell in row[1:3])  # torch counts CUDA memory only
     assert all(float(cell) > 0 for row in cells for cell in row[:1] + row[3:])
+    # --kernel-profile: each variant's three largest consumers of a training step's and a prefill's time.
+    for variant in ("eager", "tileops"):
+        for what in ("training step", "prefill"):
+            heading = f"{variant}, one {what}: "
+            (start,) = [i for i, line in enumerate(text.splitlines()) if line.startswith(heading)]
+            assert " ms of CPU time in " in text.splitlines()[start]
+            listed = text.splitlines()[start + 1 : start + 4]
+            assert len(listed) == 3 and all(" ms " in line and " x " in line for line in listed), listed
 
     # Each variant is measured in a process of its own; one that fails there raises its last
     # line of error output.
     args = argparse.Namespace(quick=True, batch=2, seq=16, prompt=4, new_tokens=4, repeats=1, dtype="no_such_dtype",
-                              device="cpu", peak_breakdown=False)
+                              device="cpu", peak_breakdown=False, kernel_profile=0)
     with pytest.raises(bench.VariantFailed, match="no attribute 'no_such_dtype'"):
         bench.measure_apart("eager", args)
 

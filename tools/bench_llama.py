@@ -21,6 +21,9 @@ vocabulary 128256, as Llama 3.2 1B). For each variant it measures, on the same i
 
 ``--peak-breakdown`` adds, for each variant, what its training step holds at its peak of memory:
 the allocations alive then, grouped by size and by the lines that made them (``memory_peak``).
+``--kernel-profile N`` adds, for each variant, the N kernels that took the most of one training
+step's and one prefill's GPU time (torch.profiler; on a CPU, the N operators that took the most
+CPU time): where two variants' times differ, which kernels make the difference.
 
 Variants: ``eager`` and ``compile`` (unpatched), ``liger`` (``apply_liger_kernel_to_llama`` on
 the instance), ``tileops`` and ``tileops-compile`` (``tileops.integrations.transformers.apply``).
@@ -86,6 +89,25 @@ def build(variant: str, config, dtype: torch.dtype, device: torch.device) -> tup
     return model, note
 
 
+def top_kernels(function, device: torch.device, count: int) -> str:
+    """The ``count`` kernels that took the most device time in one call of ``function`` (on a
+    CPU: the operators that took the most CPU time, each counted without those it called), with
+    the total, as lines of text."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
+        function()
+        if cuda:
+            torch.cuda.synchronize(device)
+    time_of = (lambda event: event.self_device_time_total) if cuda else (lambda event: event.self_cpu_time_total)
+    events = sorted((e for e in profiler.key_averages() if time_of(e) > 0), key=time_of, reverse=True)
+    total_ms = sum(time_of(e) for e in events) / 1e3
+    lines = [f"{total_ms:.2f} ms of {'GPU' if cuda else 'CPU'} time in {sum(e.count for e in events)} calls; the largest:"]
+    lines += [f"  {time_of(e) / 1e3:9.2f} ms {e.count:5d} x {e.key[:110]}" for e in events[:count]]
+    return "\n".join(lines)
+
+
 def measure(variant: str, config, args, device: torch.device) -> dict:
     dtype = getattr(torch, args.dtype)
     model, note = build(variant, config, dtype, device)
@@ -120,6 +142,9 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
         with memory_peak.recording(device.index or 0) as events:
             train_step()
         peak_sources = memory_peak.breakdown(memory_peak.peak_allocations(events))
+    profiles = {}
+    if args.kernel_profile:
+        profiles["training step"] = top_kernels(train_step, device, args.kernel_profile)
     optimizer.state.clear()
 
     def prefill() -> None:
@@ -128,6 +153,8 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
             step_model(ids)
 
     prefill_seconds = _best_seconds(prefill, device, args.repeats)
+    if args.kernel_profile:
+        profiles["prefill"] = top_kernels(prefill, device, args.kernel_profile)
 
     prompt = ids[:, : args.prompt]
     options = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False, "pad_token_id": 0}
@@ -142,7 +169,7 @@ def measure(variant: str, config, args, device: torch.device) -> dict:
     decode_seconds = _best_seconds(decode, device, args.repeats)
     return {"variant": variant, "note": note, "step_ms": step * 1e3, "peak_gib": peak, "held_gib": forward_held,
             "prefill_tok_s": args.batch * args.seq / prefill_seconds, "decode_tok_s": args.batch * args.new_tokens / decode_seconds,
-            "peak_sources": peak_sources}
+            "peak_sources": peak_sources, "profiles": profiles}
 
 
 def table(rows: list[dict]) -> str:
@@ -169,7 +196,8 @@ def measure_apart(variant: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, "-P", __file__, "--measure-one", variant, "--batch", str(args.batch), "--seq", str(args.seq),
                "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
                "--dtype", args.dtype, "--device", args.device] + (["--quick"] if args.quick else []) + (
-               ["--peak-breakdown"] if args.peak_breakdown else [])
+               ["--peak-breakdown"] if args.peak_breakdown else []) + (
+               ["--kernel-profile", str(args.kernel_profile)] if args.kernel_profile else [])
     child = subprocess.run(command, capture_output=True, text=True)
     # The child's log (kernel builds, library warnings) is the run's log too.
     sys.stderr.write(child.stderr)
@@ -192,6 +220,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--device", default=None, help="default: cuda where present, else cpu")
     parser.add_argument("--peak-breakdown", action="store_true",
                         help="after the table, what each variant's training step holds at its peak of memory (CUDA)")
+    parser.add_argument("--kernel-profile", type=int, default=0, metavar="N",
+                        help="after the table, the N kernels that took the most of each variant's training step and prefill")
     parser.add_argument("--measure-one", choices=VARIANTS, help=argparse.SUPPRESS)  # the child of measure_apart()
     args = parser.parse_args(argv)
     quick = {"batch": 2, "seq": 16, "prompt": 4, "new_tokens": 4, "repeats": 1}
@@ -235,6 +265,8 @@ def main(argv: list[str] | None = None) -> str:
     for row in rows:
         if row.get("peak_sources"):
             text += f"\n\n{row['variant']}: the training step's peak, " + row["peak_sources"]
+        for what, kernels in row.get("profiles", {}).items():
+            text += f"\n\n{row['variant']}, one {what}: {kernels}"
     print(text)
     return text
 
