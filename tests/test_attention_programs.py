@@ -92,6 +92,30 @@ def test_the_forward_leaves_unmasked_exactly_the_key_blocks_every_row_sees_whole
                     assert (first <= kb < end) == bool(seen.all()), (s_q, s_k, q0, kb, first, end)
 
 
+@pytest.mark.parametrize("window", [None, 0, 100, 1023], ids=lambda w: f"window={w}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_backward_leaves_unmasked_exactly_the_steps_whose_rows_all_see_their_key_block(causal, window):
+    pytest.importorskip("tilelang")
+    import tvm
+
+    simplify = tvm.arith.Analyzer().simplify
+    block_m, block_n = 64, 128
+    for s_q in (1, 64, 300, 700):
+        for s_k in (1, 127, 128, 129, 700):
+            offset = s_k - s_q
+            for k0 in range(0, s_k, block_n):
+                cols = torch.arange(k0, k0 + block_n)[None, :]
+                for q0 in range(0, s_q, block_m):
+                    rows = torch.arange(q0, q0 + block_m)[:, None]
+                    seen = (rows < s_q) & (cols < s_k)
+                    if causal:
+                        seen = seen & (cols <= rows + offset)
+                    if window is not None:
+                        seen = seen & (cols >= rows + offset - window)
+                    whole = programs.sees_whole(causal, window, q0, k0, offset, s_q, s_k, block_m, block_n)
+                    assert bool(simplify(whole)) == bool(seen.all()), (s_q, s_k, q0, k0)
+
+
 # -- the kernel classes on CPU tensors ----------------------------------------------------------
 
 

@@ -74,6 +74,20 @@ def whole_key_blocks(causal: bool, window, q0, offset, s_k, block_m: int, block_
     return first, end
 
 
+def sees_whole(causal: bool, window, q0, k0, offset, s_q, s_k, block_m: int, block_n: int):
+    """Whether every row of the query block from row ``q0`` (each before ``s_q``) sees every key
+    of the key block from ``k0`` (each before ``s_k``): the backward's condition for leaving a
+    step's scores unmasked."""
+    import tilelang.language as T
+
+    whole = T.And(q0 + block_m <= s_q, k0 + block_n <= s_k)
+    if causal:
+        whole = T.And(whole, k0 + block_n - 1 <= q0 + offset)
+    if window is not None:
+        whole = T.And(whole, k0 >= q0 + block_m - 1 + offset - window)
+    return whole
+
+
 def online_softmax_step(causal: bool, window, scale2: float, block_m: int, block_n: int, head_dim: int):
     """The forward's step over one key block, as a TileLang macro (inlined where a program calls
     it) that the dense and the variable-length forwards share: S = Q K^T masked to the keys each
@@ -334,9 +348,17 @@ def make_bwd_main(
                 T.copy(DELTA[bz, head, q0 : q0 + block_m], delta)
                 if overlap:
                     T.wait_wgmma(1)  # P^T's product done; dP^T's may still run
-                for i, j in T.Parallel(block_n, block_m):
-                    seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
-                    p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - lse2[j]), 0)
+                # A step every row of which sees every key takes no mask, so the per-element test
+                # is paid on the diagonal and edge blocks alone (H100, bf16, 32/8 heads: causal D 64
+                # at 4 x 2048 857 -> 717 us, causal D 128 at 4 x 4096 3963 -> 3467 us, full D 128 at
+                # 2 x 4096 3597 -> 3170 us, a 1023-key window 1447 -> 1039 us; D 256 unchanged).
+                if sees_whole(causal, window, q0, k0, offset, s_q, s_k, block_m, block_n):
+                    for i, j in T.Parallel(block_n, block_m):
+                        p[i, j] = T.exp2(p[i, j] * scale2 - lse2[j])
+                else:
+                    for i, j in T.Parallel(block_n, block_m):
+                        seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
+                        p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - lse2[j]), 0)
                 if overlap:
                     T.wait_wgmma(0)
                 T.copy(p, p_cast)
