@@ -40,7 +40,7 @@ workspaces. Importing this module does not import tilelang; building a program d
 # No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
 
 from ..compile import compile_once
-from .programs import _TL_DTYPES, LN2, LOG2E, _visible, hopper_target, online_softmax_step
+from .programs import _TL_DTYPES, LN2, LOG2E, _visible, hopper_target, online_softmax_step, whole_key_blocks
 
 
 def _sequence(cu_q, cu_k, b, total_q, total_k):
@@ -108,9 +108,12 @@ def make_forward(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, b
             reach = T.min(s_k, T.max(q0 + block_m + offset, 0)) if causal else s_k
             stop = T.if_then_else(T.And(q0 >= 0, q0 < s_q), reach, 0)
             start = T.min(T.max(q0 + offset - window, 0), stop) if window is not None else 0
+            # As the dense forward: the key blocks every row sees whole get no mask.
+            whole_from, whole_to = whole_key_blocks(causal, window, q0, offset, s_k, block_m, block_n)
             for kb in T.Pipelined(start // block_n, T.ceildiv(stop, block_n), num_stages=stages):
                 T.copy(K[k_start + kb * block_n : k_start + kb * block_n + block_n, kv_head, :], k_tile)
-                step(q_tile, k_tile, s, p, o, row_max, prev_max, shift, rescale, tile_sum, row_sum, q0, kb * block_n, s_k, offset)
+                whole = T.And(kb >= whole_from, kb < whole_to)
+                step(q_tile, k_tile, s, p, o, row_max, prev_max, shift, rescale, tile_sum, row_sum, q0, kb * block_n, s_k, offset, whole)
                 T.copy(V[k_start + kb * block_n : k_start + kb * block_n + block_n, kv_head, :], v_tile)
                 T.gemm(p, v_tile, o, policy=T.GemmWarpPolicy.FullRow)
 
@@ -242,8 +245,7 @@ def make_bwd_main(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, 
                 # anywhere in the innermost dimension and the workspaces' rows would have to be
                 # 16-byte multiples (on the H200 TileLang refused that descriptor for a total of
                 # 305 rows, and the TMA version stopped with an illegal instruction on 16k-token
-                # packed batches; this version has not run on a GPU yet). 64 floats a step, read
-                # through L1, beside two 64 x 128 products.
+                # packed batches). 64 floats a step, read through L1, beside two 64 x 128 products.
                 for i, j in T.Parallel(block_n, block_m):
                     seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
                     p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - LSE2[head, q_start + q0 + j]), 0)
