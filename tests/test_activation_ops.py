@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from helpers import train_side_by_side
-from tileops.backend import OpArgumentError, register_kernel_type
+from tileops.backend import OpArgumentError, OpNotAvailableError, register_kernel_type
 from tileops.ops import (
     FAMILIES,
+    GeGLUBwdOp,
     GeGLUFwdOp,
     GELUBwdOp,
     GELUFwdOp,
@@ -151,6 +152,107 @@ def test_a_gated_mlp_trains_as_the_same_mlp_with_torch_ops(compiled):
     losses = train_side_by_side([ours, theirs], torch.randn(4, 6, 32), torch.randn(4, 6, 32), compiled=compiled)
     torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
     assert losses[0][-1] < losses[0][0]
+
+
+# -- a backward written over its inputs (consume_inputs=True) ----------------------------------
+
+#: (forward op, its options, the backward op that computes the same gradients as new tensors)
+CONSUMING = [(SwiGLUFwdOp, {}, SwiGLUBwdOp()), (GeGLUFwdOp, {"approximate": "tanh"}, GeGLUBwdOp("tanh"))]
+
+
+def _projected(dtype, *, seed=0):
+    """x and the gate and up projections' weights of a small MLP, each requiring grad."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype).requires_grad_()
+            for shape in ((3, 5, 16), (24, 16), (24, 16))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize(("op_class", "options", "backward"), CONSUMING, ids=["swiglu", "geglu-tanh"])
+def test_consume_inputs_writes_the_gradients_over_the_projections_and_changes_no_gradient(op_class, options, backward, dtype):
+    gradients = []
+    for consume in (False, True):
+        x, w_gate, w_up = _projected(dtype)
+        gate, up = x @ w_gate.t(), x @ w_up.t()
+        values = gate.detach().clone(), up.detach().clone()
+        y = op_class(**options, consume_inputs=consume)(gate, up)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+        y.backward(dy)
+        gradients.append([t.grad for t in (x, w_gate, w_up)])
+        if consume:  # gate and up now hold their gradients, as the backward op computes them
+            for written, expected in zip((gate, up), backward(dy, *values)):
+                assert torch.equal(written.detach(), expected)
+        else:
+            assert torch.equal(gate.detach(), values[0]) and torch.equal(up.detach(), values[1])
+    for ordinary, consumed in zip(*gradients):
+        assert torch.equal(ordinary, consumed)
+
+
+def _leaves():
+    return torch.randn(4, 16, requires_grad=True), torch.randn(4, 16, requires_grad=True)
+
+
+def _projection_and_data():  # up is the caller's tensor, outside the graph
+    return torch.randn(4, 8, requires_grad=True) @ torch.randn(8, 16), torch.randn(4, 16)
+
+
+def _halves_of_one_projection():  # views, not contiguous
+    return (torch.randn(4, 8, requires_grad=True) @ torch.randn(8, 32)).chunk(2, -1)
+
+
+def _contiguous_views():  # contiguous views of one projection, whose base someone else may read
+    return (torch.randn(8, 8, requires_grad=True) @ torch.randn(8, 16)).split(4)
+
+
+def _one_tensor_twice():
+    gate = torch.randn(4, 8, requires_grad=True) @ torch.randn(8, 16)
+    return gate, gate
+
+
+@pytest.mark.parametrize(
+    "make", [_leaves, _projection_and_data, _halves_of_one_projection, _contiguous_views, _one_tensor_twice],
+    ids=["leaves", "caller-data", "non-contiguous-views", "a-view", "one-tensor-twice"],
+)
+def test_consume_inputs_never_writes_over_what_the_caller_may_read(make):
+    torch.manual_seed(0)
+    gate, up = make()
+    values = gate.detach().clone(), up.detach().clone()
+    y = SwiGLUFwdOp(consume_inputs=True)(gate, up)
+    expected = F.silu(values[0]) * values[1]
+    torch.testing.assert_close(y, expected)
+    y.square().sum().backward()
+    assert torch.equal(gate.detach(), values[0]) and torch.equal(up.detach(), values[1])
+
+
+def test_consume_inputs_refuses_a_second_backward_and_a_node_that_saved_an_input_refuses_to_read_it():
+    x, w_gate, w_up = _projected(torch.float32)
+    y = SwiGLUFwdOp(consume_inputs=True)(x @ w_gate.t(), x @ w_up.t())
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(OpNotAvailableError, match=r"SwiGLUFwdOp\(consume_inputs=True\): a second backward through one "
+                                                  r"call \(retain_graph=True\) cannot run: the first wrote its gradients "
+                                                  r"over gate, up; build the op with consume_inputs=False"):
+        y.sum().backward()
+    # A node recorded before the op's that saved gate: the op's backward runs first and writes
+    # over gate, and that node then refuses it (torch's version check) instead of reading a gradient.
+    x, w_gate, w_up = _projected(torch.float32)
+    gate, up = x @ w_gate.t(), x @ w_up.t()
+    other = (gate * torch.randn(gate.shape, requires_grad=True)).sum()
+    y = SwiGLUFwdOp(consume_inputs=True)(gate, up)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y.sum() + other).backward()
+
+
+def test_a_compiled_step_of_a_consuming_op_computes_the_ordinary_gradients():
+    torch._dynamo.reset()
+    results = []
+    for consume in (False, True):
+        x, w_gate, w_up = _projected(torch.float32)
+        op = SwiGLUFwdOp(consume_inputs=consume)
+        step = torch.compile(lambda x, a, b, op=op: op(x @ a.t(), x @ b.t()).square().sum(), fullgraph=True)
+        step(x, w_gate, w_up).backward()
+        results.append([t.grad for t in (x, w_gate, w_up)])
+    for ordinary, consumed in zip(*results):
+        torch.testing.assert_close(ordinary, consumed)
 
 
 @pytest.mark.parametrize(("name", "op", "reference", "kind"), FORMS, ids=FORM_IDS)

@@ -13,12 +13,14 @@ from tileops.kernels.cuda.activation import KERNELS, policy, programs
 from tileops.ops.activation import (
     ActivationFwdInterface,
     GatedBwdInterface,
+    GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
     PackedSwiGLUBwdOp,
     PackedSwiGLUFwdOp,
     SiLUFwdOp,
     SwiGLUBwdOp,
+    SwiGLUInplaceBwdOp,
 )
 from tileops.core import DeviceFacts
 
@@ -106,6 +108,15 @@ def test_a_gated_backward_kernel_passes_dy_gate_up_then_two_outputs_like_dy(laun
     assert config == {"vec": 8, **policy.SMALL}  # 4096 elements: a small call
 
 
+def test_the_in_place_gated_backward_kernel_launches_on_dy_gate_up_alone_and_allocates_nothing(launches):
+    kernel = _kernel(SwiGLUInplaceBwdOp(), GatedInplaceBwdInterface, torch.bfloat16)
+    dy, gate, up = (torch.zeros(1 << 20, dtype=torch.bfloat16) for _ in range(3))
+    assert kernel.forward(dy, gate, up) == ()
+    config, rank, tensors = launches[-1]
+    assert rank == 1 and len(tensors) == 3 and all(a is b for a, b in zip(tensors, (dy, gate, up)))
+    assert config == policy.launch_config("gated_bwd_inplace", torch.bfloat16, True)  # a large call: the main build
+
+
 def test_large_calls_take_the_main_build_and_unaligned_kernels_the_scalar_programs(launches):
     kernel = _kernel(SwiGLUBwdOp(), GatedBwdInterface, torch.float16, aligned=False)
     bound = policy.small_call_elements(kernel.default_config(), 132)
@@ -154,6 +165,7 @@ for kind, activation, dtype, aligned, d, config in [
     ("act_bwd", "gelu", torch.float16, True, 0, policy.SMALL),
     ("gated", "gelu_tanh", torch.float32, True, 0, policy.launch_config("gated", torch.float32, True)),
     ("gated_bwd", "silu", torch.bfloat16, False, 0, policy.launch_config("gated_bwd", torch.bfloat16, False)),
+    ("gated_bwd_inplace", "silu", torch.bfloat16, True, 0, policy.launch_config("gated_bwd_inplace", torch.bfloat16, True)),
     ("packed", "silu", torch.bfloat16, True, 14336, policy.launch_config("packed", torch.bfloat16, True)),
     ("packed_bwd", "gelu", torch.float32, False, 1001, policy.SMALL),
 ]:
@@ -178,6 +190,7 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
         ["act_bwd", "8", "3", "True", "False", "False"],
         ["gated", "4", "3", "False", "True", "False"],
         ["gated_bwd", "1", "0", "False", "False", "True"],
+        ["gated_bwd_inplace", "8", "5", "False", "False", "True"],  # dy, gate, up read; gate, up written
         ["packed", "8", "3", "False", "False", "True"],
         ["packed_bwd", "1", "0", "True", "False", "False"],
     ], result.stdout[-3000:]

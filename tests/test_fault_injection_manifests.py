@@ -224,6 +224,36 @@ def test_a_saved_statistic_the_backward_can_neither_omit_nor_derive_is_a_manifes
     _assert_other_ops_still_work()
 
 
+ACTIVATIONS = (ROOT / "manifest/activation.yaml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "phrase"),
+    [
+        # The forward without the param that chooses the in-place backward.
+        ("      consume_inputs:\n        type: bool\n        default: false\n", "      consume_inputs:\n        type: int\n        default: 0\n",
+         "backward.in_place", "needs the forward to declare the param consume_inputs: {type: bool, default: false}"),
+        ("    in_place: SwiGLUInplaceBwdOp\n", "    in_place: SwiGLUMissingBwdOp\n", "backward.in_place", "names an op that has no entry"),
+        # An in-place output that is a new tensor, not the input it should be written over.
+        ("      dgate:\n        aliases: gate\n        doc: \"Gradient of gate: gate itself.\"\n",
+         "      dgate:\n        dtype: {same_as: dy}\n        shape: {same_as: dy}\n        doc: \"Gradient of gate.\"\n",
+         "backward.in_place", "SwiGLUInplaceBwdOp's output 'dgate' must alias (aliases:) one of the forward inputs"),
+        # The param without an in-place backward to run with it.
+        ("    in_place: SwiGLUInplaceBwdOp\n", "", "backward", "declares the param 'consume_inputs' but no in_place backward op"),
+    ],
+    ids=["param-not-bool", "op-missing", "output-not-an-alias", "param-without-op"],
+)
+def test_an_in_place_backward_that_does_not_fit_its_forward_is_a_manifest_error_naming_it(old, new, field, phrase):
+    assert old in ACTIVATIONS
+    text = ACTIVATIONS.replace(old, new, 1)
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text, SOURCE)
+    message = str(info.value)
+    assert message.startswith(f"{SOURCE}, op SwiGLUFwdOp, field {field}"), message
+    assert phrase in message, message
+    _assert_other_ops_still_work()
+
+
 def test_a_workload_of_the_wrong_shapes_is_left_to_check_and_reported_there(capsys, tmp_path):
     # The loader evaluates constraints only where the workload's shapes fit the signature.
     path = tmp_path / SOURCE

@@ -23,6 +23,16 @@ place, so that no second tensor of its size exists) is *consumed*: an eager node
 ``save_for_backward`` (whose version check would refuse it once written) and hands it to its first
 backward only; a second backward through the node (``retain_graph=True``) has the forward's
 saving computation compute it again.
+
+A forward op built with ``consume_inputs=True`` whose entry declares an ``in_place`` backward
+op lets its backward write the gradients over the forward inputs that op writes (a model's
+intermediate tensors that nothing reads after this op's backward): no tensors of their size are
+allocated. An eager node does so only where every such input is a contiguous temporary of the
+graph (it has a ``grad_fn``: not a leaf, not data the caller passed in, not a view) and none
+shares memory with another; it bumps their version counters after writing (so a node that
+also saved one refuses to use it, as torch's in-place operations make it), and refuses a
+second backward through itself, whose inputs are gone. Elsewhere, and under
+``torch.compile`` (whose compiler plans the memory), the backward op allocates them as usual.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import OpArgumentError, OpNotAvailableError
-from .manifest import OpEntry, evaluate
+from .manifest import CONSUME_INPUTS, OpEntry, evaluate
 
 if TYPE_CHECKING:
     from .manifest import BoundCall
@@ -48,7 +58,7 @@ class Differentiation:
     """What the autograd wiring of one forward op class needs, derived from its manifest entry
     and its backward op's."""
 
-    def __init__(self, forward: OpEntry, backward: OpEntry) -> None:
+    def __init__(self, forward: OpEntry, backward: OpEntry, in_place: OpEntry | None = None) -> None:
         decl = forward.backward
         assert decl is not None and decl.op == backward.name
         self.forward, self.backward = forward, backward
@@ -84,6 +94,10 @@ class Differentiation:
         #: Whether the forward's implementation is told the wanted gradients (``forward_saving(..., wanted=)``).
         self.saves_for_inputs = bool(decl.saved_for)
         self._input_names = inputs
+        #: The forward input positions the ``in_place`` backward op writes over.
+        self.overwritten = () if in_place is None else tuple(inputs.index(t.aliases) for t in in_place.outputs)
+        #: Their positions among the backward op's inputs.
+        self.overwritten_arguments = tuple(self.sources.index((_INPUT, i)) for i in self.overwritten)
         #: The autograd Function of eager calls, named after the op (``y.grad_fn`` shows
         #: ``<OpName>Backward``).
         self.node = type(forward.name, (_Node,), {"__module__": __name__})
@@ -101,6 +115,19 @@ class Differentiation:
     def wanted_names(self, wanted: int) -> frozenset[str]:
         """``wanted`` as the inputs' names."""
         return frozenset(name for i, name in enumerate(self._input_names) if wanted >> i & 1)
+
+    def may_overwrite(self, inputs: Sequence[Any]) -> bool:
+        """Whether the ``in_place`` backward op may write over ``inputs``' overwritten ones: each
+        a contiguous tensor the graph computed (a ``grad_fn``, no view's base), no two sharing
+        memory."""
+        tensors = [inputs[i] for i in self.overwritten]
+        if not all(
+            isinstance(t, torch.Tensor) and t.grad_fn is not None and t._base is None and t.is_contiguous()
+            for t in tensors
+        ):
+            return False
+        storages = {t.untyped_storage().data_ptr() for t in tensors}
+        return len(storages) == len(tensors)
 
     def unwanted(self, wanted: int) -> tuple[bool, ...]:
         """Per statistic: whether it is saved for an input that wants no gradient."""
@@ -232,6 +259,9 @@ class _Node(torch.autograd.Function):
         kept, ctx.consumed = wiring.split_consumed(wiring.kept(inputs, outputs, saved))
         ctx.save_for_backward(*kept)
         ctx.call = call if wiring.consumes else None  # for a second backward, which computes them again
+        # Decided here, where the inputs are the caller's tensors as they came.
+        ctx.overwrite = op.in_place_backward_op is not None and wiring.may_overwrite(inputs)
+        ctx.overwritten = False
         return result
 
     @staticmethod
@@ -242,7 +272,21 @@ class _Node(torch.autograd.Function):
         consumed, ctx.consumed = ctx.consumed, None  # the node lets go of what the backward op writes
         if consumed is None and wiring.consumes:  # retain_graph: a backward before this one had them
             consumed = wiring.recompute_consumed(op, ctx.call, ctx.wanted)
-        results = op.backward_op(*wiring.backward_arguments(grads, wiring.join_consumed(ctx.saved_tensors, consumed or ())))
+        if ctx.overwritten:
+            names = ", ".join(wiring.forward.inputs[i].name for i in wiring.overwritten)
+            raise OpNotAvailableError(
+                f"{type(op).__name__}({CONSUME_INPUTS}=True): a second backward through one call (retain_graph=True) "
+                f"cannot run: the first wrote its gradients over {names}; build the op with {CONSUME_INPUTS}=False to "
+                "run the backward more than once"
+            )
+        arguments = wiring.backward_arguments(grads, wiring.join_consumed(ctx.saved_tensors, consumed or ()))
+        if ctx.overwrite:
+            ctx.overwritten = True
+            results = op.in_place_backward_op(*arguments)
+            for position in wiring.overwritten_arguments:  # a kernel's writes: torch's counters did not see them
+                torch.autograd.graph.increment_version(arguments[position])
+        else:
+            results = op.backward_op(*arguments)
         return (None, None, *wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[2:]))
 
 

@@ -25,7 +25,7 @@ from .discovery import load_backends
 from .errors import BackendError, OpArgumentError, OpNotAvailableError, TileOpsError
 from .introspection import CallSignature, ManifestDoc
 from .kernel import CallSpec, Kernel, KernelInterface
-from .manifest import BoundCall, OpEntry, Signature, load_manifest
+from .manifest import CONSUME_INPUTS, BoundCall, OpEntry, Signature, load_manifest
 from .registry import BUILTIN, describe_callable
 from .selection import InterfaceImplementations, Verdict, check_implementations, registered_kernel_type_problems
 from .targets import TensorSpec, bind_target, check_target_name
@@ -149,14 +149,21 @@ class Op:
             entry = cls.manifest_entry()
             if entry.backward is None:
                 return None
-            return autograd.Differentiation(entry, cls.backward_class().manifest_entry())
+            in_place = cls.backward_class(in_place=True)
+            return autograd.Differentiation(
+                entry, cls.backward_class().manifest_entry(), None if in_place is None else in_place.manifest_entry()
+            )
 
         return _class_value(cls, "wiring", compute)
 
     @classmethod
-    def backward_class(cls) -> type[Op]:
-        """The op class of the backward op the manifest names (defined beside the forward)."""
-        name = cls.manifest_entry().backward.op
+    def backward_class(cls, *, in_place: bool = False) -> type[Op] | None:
+        """The op class of the backward op the manifest names (defined beside the forward); with
+        ``in_place``, of its ``in_place`` backward op, or None where it declares none."""
+        decl = cls.manifest_entry().backward
+        name = decl.in_place if in_place else decl.op
+        if name is None:
+            return None
         backward = next((c for c in _op_classes.get(name, ()) if c.manifest_file == cls.manifest_file), None)
         if backward is None:
             raise BackendError(
@@ -264,9 +271,14 @@ class Op:
         #: target it asked for (so a target that serves this op serves its backward too, or
         #: the backward call says that it does not).
         self.backward_op: Op | None = None
+        #: Where the instance was built with ``consume_inputs=True``: the backward op that writes
+        #: the gradients over the forward's inputs (the autograd node runs it where that is safe).
+        self.in_place_backward_op: Op | None = None
         if self.differentiation is not None:
-            backward = cls.backward_class()
-            self.backward_op = backward(**self.params, target=target)
+            params = {name: value for name, value in self.params.items() if name != CONSUME_INPUTS}
+            self.backward_op = cls.backward_class()(**params, target=target)
+            if self.params.get(CONSUME_INPUTS):
+                self.in_place_backward_op = cls.backward_class(in_place=True)(**params, target=target)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())

@@ -9,7 +9,10 @@ projection's output), and return d wide (``PackedSwiGLUFwdOp``, ``PackedGeGLUFwd
 ``GatedMLP(hidden_size, intermediate_size, activation)`` computes ``down_proj(act(gate_proj(x)) *
 up_proj(x))`` with three ``torch.nn.Linear`` children under transformers' ``LlamaMLP`` names, so a
 Llama, Mistral, Qwen or Gemma checkpoint's MLP weights load into it (``gate_proj.weight``,
-``up_proj.weight``, ``down_proj.weight``, and their biases where ``bias=True``).
+``up_proj.weight``, ``down_proj.weight``, and their biases where ``bias=True``). Its projections'
+outputs are its own temporaries, read by the activation alone, so its activation is built with
+``consume_inputs=True``: the backward writes the two gradients over them (as Liger-Kernel's
+SwiGLU does) instead of allocating two more tensors of the intermediate size.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ class _GLU(torch.nn.Module):
     half width ``d`` was given (an op is built before ``torch.compile`` traces a call, so its
     width is fixed at construction)."""
 
-    def __init__(self, options: dict, d: int | None, target: str | None) -> None:
+    def __init__(self, options: dict, d: int | None, consume_inputs: bool, target: str | None) -> None:
         super().__init__()
-        self.options, self.d = options, d
-        self.op = self._two_tensor_op(**options, target=target)
+        self.options, self.d, self.consume_inputs = options, d, consume_inputs
+        self.op = self._two_tensor_op(**options, consume_inputs=consume_inputs, target=target)
         self.packed_op = None if d is None else self._packed_op(d, **options, target=target)
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,39 +44,45 @@ class _GLU(torch.nn.Module):
         return self.packed_op(gate)
 
     def extra_repr(self) -> str:
-        options = "".join(f"{name}={value!r}, " for name, value in {**self.options, "d": self.d}.items() if value is not None)
+        shown = {**self.options, "d": self.d, "consume_inputs": self.consume_inputs or None}
+        options = "".join(f"{name}={value!r}, " for name, value in shown.items() if value is not None)
         return f"{options}target={self.op.requested_target}"
 
 
 class SwiGLU(_GLU):
-    """``silu(gate) * up``: ``SwiGLU(*, d=None, target=None)``; ``forward(gate, up)``, or
-    ``forward(packed)`` for ``[gate | up]`` along the last dimension, 2 * d wide."""
+    """``silu(gate) * up``: ``SwiGLU(*, d=None, consume_inputs=False, target=None)``;
+    ``forward(gate, up)``, or ``forward(packed)`` for ``[gate | up]`` along the last dimension,
+    2 * d wide. ``consume_inputs=True``: the backward of a two-tensor call writes the gradients
+    over gate and up where they are temporaries of the graph (``SwiGLUFwdOp``'s param); for
+    inputs nothing else reads, as an MLP's projections."""
 
     _two_tensor_op = SwiGLUFwdOp
     _packed_op = PackedSwiGLUFwdOp
 
-    def __init__(self, *, d: int | None = None, target: str | None = None) -> None:
-        super().__init__({}, d, target)
+    def __init__(self, *, d: int | None = None, consume_inputs: bool = False, target: str | None = None) -> None:
+        super().__init__({}, d, consume_inputs, target)
 
 
 class GeGLU(_GLU):
     """``gelu(gate, approximate) * up``: ``GeGLU(approximate="none", *, d=None,
-    target=None)``, ``approximate`` as ``torch.nn.functional.gelu``'s ('none' or 'tanh');
-    ``forward(gate, up)``, or ``forward(packed)`` for ``[gate | up]`` along the last dimension,
-    2 * d wide."""
+    consume_inputs=False, target=None)``, ``approximate`` as ``torch.nn.functional.gelu``'s
+    ('none' or 'tanh'); ``forward(gate, up)``, or ``forward(packed)`` for ``[gate | up]`` along
+    the last dimension, 2 * d wide; ``consume_inputs`` as ``SwiGLU``'s."""
 
     _two_tensor_op = GeGLUFwdOp
     _packed_op = PackedGeGLUFwdOp
 
-    def __init__(self, approximate: str = "none", *, d: int | None = None, target: str | None = None) -> None:
-        super().__init__({"approximate": approximate}, d, target)
+    def __init__(self, approximate: str = "none", *, d: int | None = None, consume_inputs: bool = False,
+                 target: str | None = None) -> None:
+        super().__init__({"approximate": approximate}, d, consume_inputs, target)
 
 
-#: GatedMLP's activation names, and the gated module each is.
+#: GatedMLP's activation names, and the gated module each is (its inputs the MLP's own
+#: projections, which the backward may overwrite).
 ACTIVATIONS = {
-    "silu": lambda target: SwiGLU(target=target),
-    "gelu": lambda target: GeGLU("none", target=target),
-    "gelu_tanh": lambda target: GeGLU("tanh", target=target),
+    "silu": lambda target: SwiGLU(consume_inputs=True, target=target),
+    "gelu": lambda target: GeGLU("none", consume_inputs=True, target=target),
+    "gelu_tanh": lambda target: GeGLU("tanh", consume_inputs=True, target=target),
 }
 
 

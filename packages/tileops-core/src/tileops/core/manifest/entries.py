@@ -133,12 +133,22 @@ class BackwardDecl:
     serves one input's gradient alone (that gradient, computed by the forward pass) to that
     input: a differentiated call computes it only where the input requires grad, and the
     backward op receives None instead (its output for that gradient is then None too).
+
+    ``in_place`` names a second backward op, of the same inputs and outputs, that writes the
+    gradients over forward inputs it reads (its outputs alias them), so that no new tensors of
+    their size exist: a forward op built with ``consume_inputs=True`` (a bool param it must
+    declare, which its backward ops do not take) runs it where that is safe.
     """
 
     op: str
     saves: tuple[str, ...]
     grads: Mapping[str, str]
     saved_for: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    in_place: str | None = None
+
+
+#: The forward param that lets a backward declared ``in_place`` write over the forward's inputs.
+CONSUME_INPUTS = "consume_inputs"
 
 
 @dataclasses.dataclass(frozen=True)

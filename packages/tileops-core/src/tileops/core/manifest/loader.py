@@ -22,6 +22,7 @@ import torch
 from ..errors import ManifestError
 from .entries import (
     ACCESS,
+    CONSUME_INPUTS,
     DTYPES,
     MAX_NUMEL,
     PARAM_TYPES,
@@ -402,8 +403,9 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
 def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outputs: Mapping[str, TensorDecl]) -> BackwardDecl:
     """A forward's ``backward:`` declaration, checked against the forward itself; how it fits
     the backward op's entry is checked once the whole file is read (``_check_backward``)."""
-    spec = _mapping(value, where, {"op", "saves", "grads", "saved_for"}, {"op", "grads"})
+    spec = _mapping(value, where, {"op", "saves", "grads", "saved_for", "in_place"}, {"op", "grads"})
     op = _str(spec["op"], where.at("op"))
+    in_place = None if spec.get("in_place") is None else _str(spec["in_place"], where.at("in_place"))
     saves = spec.get("saves") or []
     if not isinstance(saves, list) or not all(isinstance(name, str) and name.isidentifier() for name in saves):
         raise where.at("saves").error(f"expected a list of the backward op's input names, got {shown(saves)}")
@@ -423,7 +425,7 @@ def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outpu
                 f"names {shown(target)}, which gets no gradient (grads: {', '.join(grads)}); a statistic is saved for "
                 "an input whose gradient it serves"
             )
-    return BackwardDecl(op, tuple(saves), dict(grads), dict(saved_for))
+    return BackwardDecl(op, tuple(saves), dict(grads), dict(saved_for), in_place)
 
 
 def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
@@ -470,10 +472,45 @@ def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
         unused = sorted(outputs - set(decl.grads.values()))
         if unused:
             raise where.at("grads").error(f"{decl.op}'s output(s) {', '.join(unused)} give no input a gradient")
-        if [p.name for p in backward.params] != [p.name for p in entry.params]:
+        forward_params = [p.name for p in entry.params if p.name != CONSUME_INPUTS]
+        if [p.name for p in backward.params] != forward_params:
             raise where.error(
                 f"{decl.op} takes params ({', '.join(p.name for p in backward.params)}); a backward op takes its "
-                f"forward's ({', '.join(p.name for p in entry.params)}), the same op instance's"
+                f"forward's ({', '.join(forward_params)}), the same op instance's"
+            )
+        if decl.in_place is not None:
+            _check_in_place(entry, backward, entries.get(decl.in_place), where.at("in_place"))
+        elif any(p.name == CONSUME_INPUTS for p in entry.params):
+            raise where.error(f"declares the param {CONSUME_INPUTS!r} but no in_place backward op to run with it")
+
+
+def _check_in_place(forward: OpEntry, backward: OpEntry, in_place: OpEntry | None, where: _Where) -> None:
+    """An ``in_place`` backward op is the backward op with outputs written over forward inputs:
+    the same inputs, outputs and params, each output an alias of a written input the forward
+    takes; the forward declares the bool param that chooses it."""
+    if in_place is None:
+        raise where.error("names an op that has no entry in this file")
+    param = next((p for p in forward.params if p.name == CONSUME_INPUTS), None)
+    if param is None or param.type != "bool" or param.default is not False:
+        raise where.error(f"needs the forward to declare the param {CONSUME_INPUTS}: {{type: bool, default: false}}")
+    if in_place.backward is not None:
+        raise where.error(f"{in_place.name} declares a backward of its own; double backward is not supported")
+    for what, ours, theirs in (
+        ("inputs", in_place.inputs, backward.inputs),
+        ("outputs", in_place.outputs, backward.outputs),
+        ("params", in_place.params, backward.params),
+    ):
+        if [t.name for t in ours] != [t.name for t in theirs]:
+            raise where.error(
+                f"{in_place.name}'s {what} ({', '.join(t.name for t in ours)}) must be {backward.name}'s "
+                f"({', '.join(t.name for t in theirs)})"
+            )
+    forward_inputs = {t.name for t in forward.inputs}
+    for t in in_place.outputs:
+        if t.aliases is None or t.aliases not in forward_inputs:
+            raise where.error(
+                f"{in_place.name}'s output {t.name!r} must alias (aliases:) one of the forward inputs it writes over "
+                f"({', '.join(sorted(forward_inputs))})"
             )
 
 

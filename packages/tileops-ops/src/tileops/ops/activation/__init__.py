@@ -12,6 +12,7 @@ from .interfaces import (
     ActivationFwdInterface,
     GatedBwdInterface,
     GatedFwdInterface,
+    GatedInplaceBwdInterface,
     PackedCall,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
@@ -19,6 +20,7 @@ from .interfaces import (
 from .ops import (
     GeGLUBwdOp,
     GeGLUFwdOp,
+    GeGLUInplaceBwdOp,
     GELUBwdOp,
     GELUFwdOp,
     PackedGeGLUBwdOp,
@@ -29,6 +31,7 @@ from .ops import (
     SiLUFwdOp,
     SwiGLUBwdOp,
     SwiGLUFwdOp,
+    SwiGLUInplaceBwdOp,
 )
 
 OPS = (
@@ -44,6 +47,8 @@ OPS = (
     GeGLUBwdOp,
     PackedSwiGLUBwdOp,
     PackedGeGLUBwdOp,
+    SwiGLUInplaceBwdOp,
+    GeGLUInplaceBwdOp,
 )
 
 __all__ = [
@@ -56,8 +61,10 @@ __all__ = [
     "GELUFwdOp",
     "GatedBwdInterface",
     "GatedFwdInterface",
+    "GatedInplaceBwdInterface",
     "GeGLUBwdOp",
     "GeGLUFwdOp",
+    "GeGLUInplaceBwdOp",
     "PackedCall",
     "PackedGatedBwdInterface",
     "PackedGatedFwdInterface",
@@ -69,4 +76,5 @@ __all__ = [
     "SiLUFwdOp",
     "SwiGLUBwdOp",
     "SwiGLUFwdOp",
+    "SwiGLUInplaceBwdOp",
 ]

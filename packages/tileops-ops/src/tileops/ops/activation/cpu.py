@@ -21,6 +21,7 @@ from .interfaces import (
     ActivationFwdInterface,
     GatedBwdInterface,
     GatedFwdInterface,
+    GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
 )
@@ -102,6 +103,13 @@ class TorchCpuGatedBwd(_TorchActivation, GatedBwdInterface):
         return self.gated_gradients(dy, gate, up)
 
 
+class TorchCpuGatedInplaceBwd(_TorchActivation, GatedInplaceBwdInterface):
+    def forward(self, dy, gate, up):
+        dgate, dup = self.gated_gradients(dy, gate, up)
+        gate.copy_(dgate)
+        up.copy_(dup)
+
+
 class TorchCpuPackedGated(_TorchActivation, PackedGatedFwdInterface):
     def forward(self, x):
         return self.gated(*x.chunk(2, -1))
@@ -124,6 +132,7 @@ IMPLEMENTATIONS = {
         (ActivationBwdInterface, TorchCpuActivationBwd),
         (GatedFwdInterface, TorchCpuGated),
         (GatedBwdInterface, TorchCpuGatedBwd),
+        (GatedInplaceBwdInterface, TorchCpuGatedInplaceBwd),
         (PackedGatedFwdInterface, TorchCpuPackedGated),
         (PackedGatedBwdInterface, TorchCpuPackedGatedBwd),
     )

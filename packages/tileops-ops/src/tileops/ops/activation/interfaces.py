@@ -2,12 +2,12 @@
 of an activation, forward or backward (in-tree or a backend's), is written against.
 
 Kernels see contiguous tensors. The elementwise interfaces (``ActivationFwdInterface``,
-``ActivationBwdInterface``, ``GatedFwdInterface``, ``GatedBwdInterface``) take 1-D tensors of
-one length: the op flattens the caller's tensors and gives the results their shape back. The
-packed interfaces take ``x`` as (m, 2 * d) rows holding [gate | up] and ``dy``/``y`` as (m, d).
-An implementation that sets ``takes_any_shape = True`` receives the caller's tensors as they
-are instead (any rank; the packed ones (..., 2 * d) and (..., d)) and returns results of that
-shape.
+``ActivationBwdInterface``, ``GatedFwdInterface``, ``GatedBwdInterface``,
+``GatedInplaceBwdInterface``) take 1-D tensors of one length: the op flattens the caller's
+tensors and gives the results their shape back. The packed interfaces take ``x`` as (m, 2 * d)
+rows holding [gate | up] and ``dy``/``y`` as (m, d). An implementation that sets
+``takes_any_shape = True`` receives the caller's tensors as they are instead (any rank; the
+packed ones (..., 2 * d) and (..., d)) and returns results of that shape.
 Every implementation computes in float32 (float64 for float64 tensors) and rounds once.
 
 ``activation`` names the function: ``"silu"``, ``"gelu"`` (the exact, erf form) or
@@ -87,6 +87,16 @@ class GatedBwdInterface(KernelInterface):
     def forward(self, dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(dy * up * act'(gate), dy * act(gate))`` for contiguous 1-D tensors of one length:
         (dgate, dup), new tensors of gate's shape and dtype."""
+
+
+class GatedInplaceBwdInterface(KernelInterface):
+    call_spec = ActivationCall
+
+    @abc.abstractmethod
+    def forward(self, dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> None:
+        """``GatedBwdInterface``'s gradients written over its inputs: ``gate`` becomes dgate and
+        ``up`` becomes dup (contiguous 1-D tensors of one length, which the caller will not read
+        again). Each element's inputs are read before either gradient is written."""
 
 
 class PackedGatedFwdInterface(KernelInterface):

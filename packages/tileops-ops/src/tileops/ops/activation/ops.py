@@ -24,6 +24,7 @@ from .interfaces import (
     ActivationFwdInterface,
     GatedBwdInterface,
     GatedFwdInterface,
+    GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
 )
@@ -146,6 +147,24 @@ class _GatedBwdOp(_ActivationOp):
         return _deliver(result[0], dy, None), _deliver(result[1], dy, None)
 
 
+class _GatedInplaceBwdOp(_ActivationOp):
+    kernel_interfaces = (GatedInplaceBwdInterface,)
+    in_tree_kernels = {GatedInplaceBwdInterface: IMPLEMENTATIONS[GatedInplaceBwdInterface]}
+
+    def forward(self, dy, gate, up):
+        # gate and up are contiguous (the signature refuses others), so their flat views write
+        # through to them.
+        device = dy.device
+        kernel = self.kernel_for(
+            GatedInplaceBwdInterface, device, dy.dtype, vector_ready(device, dy.numel(), dy.dtype, dy, gate, up)
+        )
+        if kernel.takes_any_shape:
+            kernel.forward(dy, gate, up)
+        else:
+            kernel.forward(dy.view(-1), gate.view(-1), up.view(-1))
+        return gate, up
+
+
 class _PackedOp(_ActivationOp):
     def _ready(self, device, tensors) -> bool:
         """``vector_ready`` of a call's tensors, whose rows are d (y) and 2d (x) wide."""
@@ -202,19 +221,22 @@ class GELUFwdOp(_UnaryFwdOp):
 
 
 class SwiGLUFwdOp(_GatedFwdOp):
-    """``silu(gate) * up`` as an op: ``op(gate, up, *, out=None)``."""
+    """``silu(gate) * up`` as an op: ``op(gate, up, *, out=None)``. Built with
+    ``consume_inputs=True``, its backward writes the gradients over gate and up where they are
+    the graph's temporaries (``SwiGLUInplaceBwdOp``)."""
 
     activation = "silu"
 
-    def __init__(self, *, target: str | None = None) -> None:
-        super().__init__(target=target)
+    def __init__(self, consume_inputs: bool = False, *, target: str | None = None) -> None:
+        super().__init__(consume_inputs=consume_inputs, target=target)
 
 
 class GeGLUFwdOp(_GatedFwdOp):
-    """``gelu(gate, approximate) * up`` as an op: ``op(gate, up, *, out=None)``."""
+    """``gelu(gate, approximate) * up`` as an op: ``op(gate, up, *, out=None)``;
+    ``consume_inputs`` as ``SwiGLUFwdOp``'s."""
 
-    def __init__(self, approximate: str = "none", *, target: str | None = None) -> None:
-        super().__init__(approximate=approximate, target=target)
+    def __init__(self, approximate: str = "none", consume_inputs: bool = False, *, target: str | None = None) -> None:
+        super().__init__(approximate=approximate, consume_inputs=consume_inputs, target=target)
         self.activation = _activation("gelu", self.params["approximate"])
 
 
@@ -267,6 +289,24 @@ class SwiGLUBwdOp(_GatedBwdOp):
 
 class GeGLUBwdOp(_GatedBwdOp):
     """Gradients of ``GeGLUFwdOp``: ``op(dy, gate, up) -> (dgate, dup)``."""
+
+    def __init__(self, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
+
+
+class SwiGLUInplaceBwdOp(_GatedInplaceBwdOp):
+    """Gradients of ``SwiGLUFwdOp`` written over its inputs: ``op(dy, gate, up) -> (gate, up)``,
+    gate holding dgate and up dup."""
+
+    activation = "silu"
+
+    def __init__(self, *, target: str | None = None) -> None:
+        super().__init__(target=target)
+
+
+class GeGLUInplaceBwdOp(_GatedInplaceBwdOp):
+    """Gradients of ``GeGLUFwdOp`` written over its inputs: ``op(dy, gate, up) -> (gate, up)``."""
 
     def __init__(self, approximate: str = "none", *, target: str | None = None) -> None:
         super().__init__(approximate=approximate, target=target)

@@ -19,6 +19,7 @@ from tileops.ops.activation import (
     ActivationFwdInterface,
     GatedBwdInterface,
     GatedFwdInterface,
+    GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
 )
@@ -100,6 +101,11 @@ class GatedBwdKernel(_TileLangActivation, GatedBwdInterface):
     outputs = (Output.like_argument(0), Output.like_argument(0))
 
 
+class GatedInplaceBwdKernel(_TileLangActivation, GatedInplaceBwdInterface):
+    kind = "gated_bwd_inplace"
+    outputs = ()  # the gradients are written over gate and up
+
+
 def _half_rows(arguments: tuple, call) -> tuple[int, ...]:
     return (arguments[0].shape[0], call.d)
 
@@ -122,6 +128,7 @@ KERNELS = {
     ActivationBwdInterface: {"tilelang": ActivationBwdKernel},
     GatedFwdInterface: {"tilelang": GatedKernel},
     GatedBwdInterface: {"tilelang": GatedBwdKernel},
+    GatedInplaceBwdInterface: {"tilelang": GatedInplaceBwdKernel},
     PackedGatedFwdInterface: {"tilelang": PackedGatedKernel},
     PackedGatedBwdInterface: {"tilelang": PackedGatedBwdKernel},
 }

@@ -17,6 +17,8 @@ The kinds (``KINDS``), each a function of the activation ``act`` (silu, exact ge
 - ``act_bwd``: dx = dy * act'(x), 1-D;
 - ``gated``: y = act(gate) * up, 1-D;
 - ``gated_bwd``: dgate = dy * up * act'(gate) and dup = dy * act(gate), 1-D;
+- ``gated_bwd_inplace``: gated_bwd's gradients written over gate and up (a thread loads all its
+  elements before it stores any, and no other thread touches them);
 - ``packed``: y[r, c] = act(x[r, c]) * x[r, d + c], x of (m, 2 * d) rows, y of (m, d);
 - ``packed_bwd``: dx[r, c] and dx[r, d + c] as gated_bwd's dgate and dup, from dy of (m, d).
 
@@ -33,9 +35,9 @@ import torch
 from ..compile import compile_once
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-KINDS = ("act", "act_bwd", "gated", "gated_bwd", "packed", "packed_bwd")
+KINDS = ("act", "act_bwd", "gated", "gated_bwd", "gated_bwd_inplace", "packed", "packed_bwd")
 #: The tensors each kind reads: a thread has per_thread loads of each in flight at once.
-INPUTS = {"act": 1, "act_bwd": 2, "gated": 2, "gated_bwd": 3, "packed": 2, "packed_bwd": 3}
+INPUTS = {"act": 1, "act_bwd": 2, "gated": 2, "gated_bwd": 3, "gated_bwd_inplace": 3, "packed": 2, "packed_bwd": 3}
 _ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 _SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
@@ -221,6 +223,27 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
 
         return main
 
+    @T.macro
+    def gated_gradients(dy, gate, up, dgate, dup):
+        # The in-place kind passes gate and up as dgate and dup: every load precedes every store.
+        with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+            g = T.alloc_local((held,), dt)
+            a = T.alloc_local((held,), dt)
+            b = T.alloc_local((held,), dt)
+            da = T.alloc_local((held,), dt)
+            db = T.alloc_local((held,), dt)
+            gather(dy, g, bx, tx, n)
+            gather(gate, a, bx, tx, n)
+            gather(up, b, bx, tx, n)
+            for e in T.unroll(held):
+                value, derivative = both(wide(a[e]))
+                da[e] = narrow(wide(g[e]) * wide(b[e]) * derivative)
+                db[e] = narrow(wide(g[e]) * value)
+            scatter(da, dgate, bx, tx, n)
+            scatter(db, dup, bx, tx, n)
+
     if kind == "gated_bwd":
 
         @T.prim_func
@@ -228,23 +251,15 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
             dy: T.Tensor((n,), dt), gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt),
             dgate: T.Tensor((n,), dt), dup: T.Tensor((n,), dt),
         ):
-            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
-                tx = T.get_thread_binding()
-                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
-                g = T.alloc_local((held,), dt)
-                a = T.alloc_local((held,), dt)
-                b = T.alloc_local((held,), dt)
-                da = T.alloc_local((held,), dt)
-                db = T.alloc_local((held,), dt)
-                gather(dy, g, bx, tx, n)
-                gather(gate, a, bx, tx, n)
-                gather(up, b, bx, tx, n)
-                for e in T.unroll(held):
-                    value, derivative = both(wide(a[e]))
-                    da[e] = narrow(wide(g[e]) * wide(b[e]) * derivative)
-                    db[e] = narrow(wide(g[e]) * value)
-                scatter(da, dgate, bx, tx, n)
-                scatter(db, dup, bx, tx, n)
+            gated_gradients(dy, gate, up, dgate, dup)
+
+        return main
+
+    if kind == "gated_bwd_inplace":
+
+        @T.prim_func
+        def main(dy: T.Tensor((n,), dt), gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt)):
+            gated_gradients(dy, gate, up, gate, up)
 
         return main
 
