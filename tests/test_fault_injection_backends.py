@@ -74,6 +74,9 @@ _checks = {
     "GELUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x), _vjp(_F.gelu, _x, _r)[1]),
     "SwiGLUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x, _r)[1], _F.silu(_x) * _r),
     "GeGLUBwdOp": lambda op: torch.testing.assert_close(op(_r, _x, _r)[1], _F.gelu(_x) * _r),
+    # The in-place forms write over copies of gate and up and return them.
+    "SwiGLUInplaceBwdOp": lambda op: torch.testing.assert_close(op(_r, _x.clone(), _r.clone())[1], _F.silu(_x) * _r),
+    "GeGLUInplaceBwdOp": lambda op: torch.testing.assert_close(op(_r, _x.clone(), _r.clone())[1], _F.gelu(_x) * _r),
     "PackedSwiGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.silu(_x[:, :4]) * _r[:, :4]),
     "PackedGeGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.gelu(_x[:, :4]) * _r[:, :4]),
     # Rows of x as (3 tokens, 1 head, 8), cos 0 and sin 1 at position 0: a quarter turn of each pair, and back.
@@ -125,7 +128,8 @@ _checks = {
 }
 # The ops that take no param are constructed without one; the others with 8 (normalized_shape,
 # the rope ops' rotary_dim) or 4 (the packed activations' half width d, of rows of 8).
-_NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp"}
+_NO_PARAM = {"SiLUFwdOp", "GELUFwdOp", "SwiGLUFwdOp", "GeGLUFwdOp", "SiLUBwdOp", "GELUBwdOp", "SwiGLUBwdOp", "GeGLUBwdOp",
+             "SwiGLUInplaceBwdOp", "GeGLUInplaceBwdOp"}
 _NO_PARAM |= {name for name in _checks if "CrossEntropy" in name}  # the loss ops: every param defaults
 _NO_PARAM |= {name for name in _checks if "Attention" in name}  # every param keyword-only with a default
 _NO_PARAM |= {name for name in _checks if "Softmax" in name}  # row_dim and out_dtype default

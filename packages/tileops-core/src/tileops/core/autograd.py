@@ -281,8 +281,8 @@ class _Node(torch.autograd.Function):
             )
         arguments = wiring.backward_arguments(grads, wiring.join_consumed(ctx.saved_tensors, consumed or ()))
         if ctx.overwrite:
-            ctx.overwritten = True
             results = op.in_place_backward_op(*arguments)
+            ctx.overwritten = True
             for position in wiring.overwritten_arguments:  # a kernel's writes: torch's counters did not see them
                 torch.autograd.graph.increment_version(arguments[position])
         else:

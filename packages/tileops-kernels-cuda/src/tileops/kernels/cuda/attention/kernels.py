@@ -117,8 +117,7 @@ class AttentionBwdKernel(_TileLangAttention, AttentionBwdInterface):
         pre = entry_function(programs.compile_bwd_pre(call, self.tilelang_target, **policy.ROWS_KERNEL))
         post = entry_function(programs.compile_bwd_post(call, self.tilelang_target, **policy.ROWS_KERNEL))
         seq_dim = 1 if call.layout == "bshd" else 2
-        # One block per query head adds each head's dK and dV into float32 accumulators.
-        accumulate_kv = config.get("per_query_head", False) and call.heads_q > call.heads_kv
+        accumulate_kv = programs.accumulates_kv_in_float32(config.get("per_query_head", False), call.heads_q, call.heads_kv)
 
         def launch(*tensors: torch.Tensor) -> None:
             # (do, q, k, v, o, lse, [dlse], dq, dk, dv): an absent dlse is left out by the caller.

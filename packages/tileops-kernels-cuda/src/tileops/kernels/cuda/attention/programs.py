@@ -249,6 +249,13 @@ def make_bwd_pre(dtype, head_dim, heads_q, layout, *, block_m, threads):
     return main
 
 
+def accumulates_kv_in_float32(per_query_head: bool, heads_q: int, heads_kv: int) -> bool:
+    """Whether the backward main kernel adds dK and dV into float32 accumulators (padded to whole
+    key blocks, cast by the caller) rather than writing them in k's dtype: where a block per
+    query head leaves several blocks adding into one key/value head's gradients (GQA)."""
+    return per_query_head and heads_q > heads_kv
+
+
 def make_bwd_main(
     dtype, head_dim, heads_q, heads_kv, causal, window, scale, layout, *, block_n, block_m, stages, threads, split_columns,
     overlap=False, per_query_head=False, dq_by_tma=False,
@@ -278,7 +285,7 @@ def make_bwd_main(
     stat_shape = [batch, heads_q, s_pad]
     acc_shape = [batch, heads_q, s_pad, head_dim]
     score_policy = T.GemmWarpPolicy.FullCol if split_columns else T.GemmWarpPolicy.FullRow
-    accumulate_kv = per_query_head and group > 1
+    accumulate_kv = accumulates_kv_in_float32(per_query_head, heads_q, heads_kv)
     kv_grad_dtype = acc if accumulate_kv else dt
     # The accumulators' rows are padded to whole key blocks: a tile's atomic add checks no bounds.
     kv_grad_shape = _shapes(layout, batch, T.dynamic("s_k_pad"), heads_kv, head_dim) if accumulate_kv else kv_shape
