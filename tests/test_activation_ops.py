@@ -188,6 +188,17 @@ def test_consume_inputs_writes_the_gradients_over_the_projections_and_changes_no
         assert torch.equal(ordinary, consumed)
 
 
+def test_consumed_inputs_carry_their_own_gradients_so_no_tensor_of_their_size_is_allocated():
+    x, w_gate, w_up = _projected(torch.float32)
+    gate, up = x @ w_gate.t(), x @ w_up.t()
+    addresses = {"gate": gate.data_ptr(), "up": up.data_ptr()}
+    arrived = {}
+    gate.register_hook(lambda grad: arrived.__setitem__("gate", grad.data_ptr()))
+    up.register_hook(lambda grad: arrived.__setitem__("up", grad.data_ptr()))
+    SwiGLUFwdOp(consume_inputs=True)(gate, up).sum().backward()
+    assert arrived == addresses
+
+
 def _leaves():
     return torch.randn(4, 16, requires_grad=True), torch.randn(4, 16, requires_grad=True)
 
