@@ -104,6 +104,8 @@ class TorchCpuGatedBwd(_TorchActivation, GatedBwdInterface):
 
 
 class TorchCpuGatedInplaceBwd(_TorchActivation, GatedInplaceBwdInterface):
+    # The gradients are computed as the out-of-place backward computes them, then copied over:
+    # the same values to the bit, and the memory the in-place form saves is a GPU's concern.
     def forward(self, dy, gate, up):
         dgate, dup = self.gated_gradients(dy, gate, up)
         gate.copy_(dgate)
