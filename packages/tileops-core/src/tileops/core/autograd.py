@@ -259,7 +259,7 @@ class _Node(torch.autograd.Function):
         kept, ctx.consumed = wiring.split_consumed(wiring.kept(inputs, outputs, saved))
         ctx.save_for_backward(*kept)
         ctx.call = call if wiring.consumes else None  # for a second backward, which computes them again
-        # Decided here, where the inputs are the caller's tensors as they came.
+        # Decided on the call's inputs: a non-contiguous one is already the call path's own copy.
         ctx.overwrite = op.in_place_backward_op is not None and wiring.may_overwrite(inputs)
         ctx.overwritten = False
         return result
