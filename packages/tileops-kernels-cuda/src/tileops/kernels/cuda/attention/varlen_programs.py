@@ -40,7 +40,7 @@ workspaces. Importing this module does not import tilelang; building a program d
 # No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
 
 from ..compile import compile_once
-from .programs import _TL_DTYPES, LN2, LOG2E, _visible, hopper_target, online_softmax_step, whole_key_blocks
+from .programs import _TL_DTYPES, LN2, LOG2E, _visible, hopper_target, online_softmax_step, sees_whole, whole_key_blocks
 
 
 def _sequence(cu_q, cu_k, b, total_q, total_k):
@@ -232,8 +232,11 @@ def make_bwd_main(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, 
             last = T.ceildiv(T.max(reach, 0), block_m)
             blocks = T.if_then_else(T.And(k0 >= 0, k0 < s_k), T.max(last - first, 0), 0)
             for step in T.Pipelined(blocks * group, num_stages=stages):
-                head = by * group + step // blocks
-                q0 = (first + step % blocks) * block_m
+                # blocks > 0 wherever the loop runs; the T.max keeps TileLang's index analysis,
+                # which under the unmasked steps' windowed condition below folds blocks to zero,
+                # from stopping the build on a division by zero.
+                head = by * group + step // T.max(blocks, 1)
+                q0 = (first + step % T.max(blocks, 1)) * block_m
                 T.copy(Q[q_start + q0 : q_start + q0 + block_m, head, :], q_tile)
                 T.clear(p)
                 T.gemm(k_tile, q_tile, p, transpose_B=True, policy=score_policy)
@@ -246,9 +249,14 @@ def make_bwd_main(dtype, head_dim, heads_q, heads_kv, causal, window, scale, *, 
                 # 16-byte multiples (on the H200 TileLang refused that descriptor for a total of
                 # 305 rows, and the TMA version stopped with an illegal instruction on 16k-token
                 # packed batches). 64 floats a step, read through L1, beside two 64 x 128 products.
-                for i, j in T.Parallel(block_n, block_m):
-                    seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
-                    p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - LSE2[head, q_start + q0 + j]), 0)
+                # As the dense backward: a step every row of which sees every key takes no mask.
+                if sees_whole(causal, window, q0, k0, offset, s_q, s_k, block_m, block_n):
+                    for i, j in T.Parallel(block_n, block_m):
+                        p[i, j] = T.exp2(p[i, j] * scale2 - LSE2[head, q_start + q0 + j])
+                else:
+                    for i, j in T.Parallel(block_n, block_m):
+                        seen = T.And(q0 + j < s_q, _visible(causal, window, q0 + j, k0 + i, s_k, offset))
+                        p[i, j] = T.if_then_else(seen, T.exp2(p[i, j] * scale2 - LSE2[head, q_start + q0 + j]), 0)
                 T.copy(p, p_cast)
                 for i, j in T.Parallel(block_n, block_m):
                     ds_cast[i, j] = p[i, j] * (dp[i, j] - DELTA[head, q_start + q0 + j]) * scale
