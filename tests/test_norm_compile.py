@@ -64,8 +64,8 @@ for kind, variant, n, dtype, leadings in [("rms_norm", "register", 4096, torch.b
         kernel = programs.compile_config(kind, n, dtype, 1e-5, True, kind.endswith("layer_norm"), target,
                                          leading=leading, **config)
         source = kernel.get_kernel_source()
-        declaration = next(line for line in source.splitlines() if "__global__" in line and "main_kernel(" in line)
-        parameters = declaration[declaration.index("main_kernel(") + 12 : declaration.rindex(")")].split(",")
+        declaration = next(line for line in source.splitlines() if "__global__" in line and "_kernel(" in line)
+        parameters = declaration[declaration.index("_kernel(") + 8 : declaration.rindex(")")].split(",")
         assert [p.split()[-1] for p in parameters if p.split()[0] == "int"] == sizes, declaration
     print("compiled with leading dimensions:", kind, variant, leadings)
 """
@@ -150,14 +150,24 @@ config = policy.launch_config("rms_norm", "register", 1024, torch.bfloat16)
 kernel = programs.compile_config("rms_norm", 1024, torch.bfloat16, 1e-6, True, False, {"kind": "cuda", "arch": "sm_90"},
                                  **config)
 entry = entry_function(kernel)
-print(type(entry).__name__, entry is not kernel, entry.release_gil)
+named = "void __launch_bounds__" in kernel.get_kernel_source() and " tileops_norm_rms_norm_kernel(" in kernel.get_kernel_source()
+print(type(entry).__name__, named, entry is not kernel, entry.release_gil)
 """
 
 
-def test_launches_call_the_entry_function_directly_and_keep_the_gil(tmp_path):
+def test_launches_call_the_entry_function_directly_keep_the_gil_and_name_the_kernel(tmp_path):
     result = run_python(LAUNCHER, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.split()[-2:] == ["True", "False"], result.stdout[-2000:]
+    # The CUDA kernel is named after the build (compile.kernel_name), not TileLang's main_kernel.
+    assert result.stdout.split()[-3:] == ["True", "True", "False"], result.stdout[-2000:]
+
+
+def test_kernel_names_are_the_leading_words_of_a_build_identity():
+    from tileops.kernels.cuda.compile import kernel_name
+
+    assert kernel_name(("activation", "gated_bwd", "silu", 2, (("vec", 8),))) == "tileops_activation_gated_bwd_silu"
+    assert kernel_name(("decode-merge", 1.5, 32)) == "tileops_decode_merge"
+    assert kernel_name("attention_fwd") == "tileops_attention_fwd"
 
 
 LOWER_CANDIDATES = """

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -43,13 +44,27 @@ def compile_once(identity: Hashable, make_program: Callable[[], Any], target: di
         if kernel is None:
             tilelang = _import_tilelang()
             started = time.perf_counter()
-            kernel = _compiled[key] = tilelang.compile(make_program(), target=target)
+            program = make_program().with_attr("global_symbol", kernel_name(identity))
+            kernel = _compiled[key] = tilelang.compile(program, target=target)
             if not progress.drawing():
                 sys.stderr.write(
                     f"tileops: built kernel {_described(identity)} for {' '.join(map(str, target.values()))} "
                     f"in {time.perf_counter() - started:.1f} s\n"
                 )
     return kernel
+
+
+def kernel_name(identity: Hashable) -> str:
+    """The name a build's CUDA kernel carries in profilers (torch.profiler, Nsight), with
+    TileLang's ``_kernel`` suffix: ``tileops_`` and the leading words of its identity (family,
+    kind, function), so that a profile tells the families' kernels apart where TileLang would
+    name every one ``main_kernel``."""
+    words = []
+    for part in identity if isinstance(identity, tuple) else (identity,):
+        if not isinstance(part, str):
+            break
+        words.append(part)
+    return re.sub(r"\W", "_", "_".join(["tileops", *words]))
 
 
 def _import_tilelang() -> Any:
@@ -103,8 +118,10 @@ def entry_function(kernel: Any) -> Callable[..., Any]:
     executable = getattr(adapter, "get_exportable_executable", None)
     if executable is None or getattr(adapter, "result_idx", None):
         return kernel
+    # The host function carries the program's name (``kernel_name``).
+    name = getattr(getattr(kernel, "prim_func", None), "attrs", {}).get("global_symbol", "main")
     try:
-        entry = executable()["main"]
+        entry = executable()[str(name)]
     except (AttributeError, KeyError, RuntimeError):
         return kernel
     if hasattr(entry, "release_gil"):
