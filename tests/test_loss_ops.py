@@ -4,14 +4,16 @@ and against torch's autograd), a compiled training step, and bad calls."""
 
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tileops.backend import OpArgumentError
+from tileops.backend import OpArgumentError, OpNotAvailableError
 from tileops.ops import FAMILIES, CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyPerRowFwdOp
 from tileops.testing import check_workload, workload_cases
 
@@ -330,6 +332,31 @@ def test_linear_cross_entropy_training_allocates_one_weight_sized_gradient_and_b
     loss.backward(torch.tensor(1.0, dtype=torch.float64))
     torch.testing.assert_close(weight.grad, 1.5 * w.grad)
     torch.testing.assert_close(hidden_states.grad, 1.5 * h.grad)
+
+
+def test_linear_cross_entropy_does_not_keep_its_hidden_states_alive_until_the_backward():
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    generator = torch.Generator().manual_seed(1)
+    before = torch.randn(24, 8, generator=generator, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(50, 8, generator=generator, dtype=torch.float64).requires_grad_()
+    target_ids = torch.randint(0, 50, (24,), generator=generator)
+    hidden_states = before.clone()  # a model's temporary, as a final norm's output: nothing else holds it
+    held = weakref.ref(hidden_states)
+    loss = LinearCrossEntropyFwdOp()(hidden_states, weight, None, target_ids)
+    del hidden_states
+    gc.collect()
+    # The backward op reads only its shape (access: shape): the node keeps a stand-in, and a
+    # training step's memory peak (where the backward starts) does not hold the hidden states.
+    assert held() is None
+    loss.backward(retain_graph=True)
+    h, w = before.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    F.cross_entropy(h @ w.T, target_ids).backward()
+    torch.testing.assert_close(before.grad, h.grad)
+    torch.testing.assert_close(weight.grad, w.grad)
+    # A second backward would compute the consumed gradients again from the hidden states: gone.
+    with pytest.raises(OpNotAvailableError, match=r"LinearCrossEntropyFwdOp: a second backward .* hidden_states was freed"):
+        loss.backward()
 
 
 @pytest.mark.parametrize("frozen", ["weight", "bias", "none"])

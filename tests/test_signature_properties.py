@@ -363,14 +363,21 @@ def test_a_valid_call_returns_the_outputs_the_signature_declares(op_class, data)
             assert torch.equal(call.inputs[decl.name], untouched[decl.name]), f"read-only input {decl.name!r} changed"
 
 
-@pytest.mark.parametrize("op_class", OP_CLASSES, ids=class_name)
+# Ops with an input whose values are read and that is not a 0-dim scalar (one that may be strided).
+STRIDABLE_OP_CLASSES = [
+    op for op in OP_CLASSES
+    if any(decl.access == "read" and (decl.shape is None or len(decl.shape)) for decl in op.manifest_entry().inputs)
+]
+
+
+@pytest.mark.parametrize("op_class", STRIDABLE_OP_CLASSES, ids=class_name)
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=FILTERED)
 @given(data=st.data())
 def test_a_non_contiguous_read_only_input_is_made_contiguous_and_gives_the_same_result(op_class, data):
     call = dataclasses.replace(data.draw(valid_calls(op_class), label="call"), outs={})
     read_only = [
         decl.name for decl in call.entry.inputs
-        if not decl.written and call.inputs[decl.name] is not None and call.inputs[decl.name].numel() > 1
+        if decl.access == "read" and call.inputs[decl.name] is not None and call.inputs[decl.name].numel() > 1
     ]
     assume(read_only)
     chosen = data.draw(st.lists(st.sampled_from(read_only), min_size=1, unique=True), label="non-contiguous")
@@ -650,3 +657,40 @@ def test_every_op_has_a_generated_call_path(op_class, data):
     # optional inputs were checked after the required ones).
     op = data.draw(valid_calls(op_class), label="call").build_op()
     assert call_path_factory(type(op).signature(), op.params) is not None
+
+
+DESCRIBED_OP_CLASSES = [op for op in OP_CLASSES if any(decl.described_only for decl in op.manifest_entry().inputs)]
+
+
+def test_some_shipped_op_reads_only_the_description_of_an_input():
+    assert DESCRIBED_OP_CLASSES  # else the property below checks nothing
+
+
+@pytest.mark.parametrize("op_class", DESCRIBED_OP_CLASSES, ids=class_name)
+@settings(max_examples=20, deadline=None, database=None, suppress_health_check=FILTERED)
+@given(data=st.data())
+def test_an_input_whose_shape_alone_is_read_may_be_a_one_element_stand_in(op_class, data):
+    """What an eager autograd node passes for an ``access: shape`` input: the generated path
+    takes it as it is (no contiguous copy) and the op gives what it gives for the real tensor."""
+    call = dataclasses.replace(data.draw(valid_calls(op_class), label="call"), outs={})
+    stood_in = call
+    for decl in call.entry.inputs:
+        tensor = call.inputs[decl.name]
+        if tensor is None:
+            continue
+        if decl.described_only:
+            stood_in = stood_in.with_argument(decl.name, tensor.new_empty(()).expand(tensor.shape))
+        elif decl.written:  # the two calls each write inputs of their own
+            stood_in = stood_in.with_argument(decl.name, tensor.clone())
+    op = call.build_op()
+    args, kwargs = call.arguments()
+    stood_in_args, stood_in_kwargs = stood_in.arguments()
+
+    assert generated_bind(op.signature(), op.params, stood_in_args, stood_in_kwargs) is not None
+    got = outputs_of(op(*stood_in_args, **stood_in_kwargs), call.entry)
+    want = outputs_of(op(*args, **kwargs), call.entry)
+    for decl, from_stand_in, from_tensor in zip(call.entry.outputs, got, want, strict=True):
+        if from_tensor is None:
+            assert from_stand_in is None, decl.name
+            continue
+        torch.testing.assert_close(from_stand_in, from_tensor, atol=0, rtol=0, equal_nan=True, msg=decl.name)

@@ -22,7 +22,12 @@ A statistic the backward op writes (``access: readwrite``, e.g. a saved gradient
 place, so that no second tensor of its size exists) is *consumed*: an eager node keeps it out of
 ``save_for_backward`` (whose version check would refuse it once written) and hands it to its first
 backward only; a second backward through the node (``retain_graph=True``) has the forward's
-saving computation compute it again.
+saving computation compute it again, from the call's inputs (those kept as stand-ins, below,
+only where the caller still holds them: the node holds them weakly).
+
+A forward input or output the backward op reads only the description of (``access: shape``:
+its shape, dtype and device) is kept as a one-element stand-in of that description, so that the
+node does not hold the tensor alive until the backward, where a training step's memory peaks.
 
 A forward op built with ``consume_inputs=True`` whose entry declares an ``in_place`` backward
 op lets its backward write the gradients over the forward inputs that op writes (a model's
@@ -37,6 +42,7 @@ second backward through itself, whose inputs are gone. Elsewhere, and under
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,10 +50,9 @@ import torch
 import torch.nn.functional as F
 
 from .errors import OpArgumentError, OpNotAvailableError
-from .manifest import CONSUME_INPUTS, OpEntry, evaluate
+from .manifest import CONSUME_INPUTS, BoundCall, OpEntry, evaluate
 
 if TYPE_CHECKING:
-    from .manifest import BoundCall
     from .op import Op
 
 # Where each input of a backward op comes from.
@@ -85,6 +90,16 @@ class Differentiation:
         )
         self._kept_inputs = sorted({index for kind, index in self.sources if kind == _INPUT})
         self._kept_outputs = sorted({index for kind, index in self.sources if kind == _OUTPUT})
+        # Forward tensors the backward op reads only the description of (access: shape): a node
+        # keeps a one-element stand-in of their shape instead, so they are freed with the rest of
+        # the forward's temporaries (a training step's memory peaks where its backward starts).
+        read = {source for t, source in zip(backward.inputs, self.sources) if not t.described_only}
+        described = {source for t, source in zip(backward.inputs, self.sources) if t.described_only} - read
+        self._stood_in = tuple(
+            [(_INPUT, i) in described for i in self._kept_inputs] + [(_OUTPUT, j) in described for j in self._kept_outputs]
+        )
+        #: Forward input positions kept as stand-ins.
+        self._described_inputs = frozenset(i for kind, i in described if kind == _INPUT)
         written = {t.name for t in backward.inputs if t.written}
         #: Positions among the saved statistics of those the backward op writes (consumes).
         self._consumed = tuple(i for i, name in enumerate(self.saves) if name in written)
@@ -158,8 +173,10 @@ class Differentiation:
     def kept(self, inputs: Sequence[Any], outputs: Sequence[Any], saved: Sequence[Any]) -> list:
         """What a node keeps for its backward: the forward inputs and outputs the backward op
         reads, then the statistics. Nothing else is kept alive (the addends of a fused sum are
-        not, where the backward reads the sum)."""
-        return [*(inputs[i] for i in self._kept_inputs), *(outputs[j] for j in self._kept_outputs), *saved]
+        not, where the backward reads the sum; a tensor whose description alone is read is kept as
+        a stand-in)."""
+        tensors = [*(inputs[i] for i in self._kept_inputs), *(outputs[j] for j in self._kept_outputs)]
+        return [stand_in(t) if swap else t for t, swap in zip(tensors, self._stood_in)] + list(saved)
 
     def split_consumed(self, kept: Sequence[Any]) -> tuple[list, tuple]:
         """``kept`` as (what ``save_for_backward`` keeps, the consumed statistics)."""
@@ -177,9 +194,28 @@ class Differentiation:
             joined.insert(first + i, value)  # ascending positions: each lands where split took it
         return joined
 
-    def recompute_consumed(self, op: Op, call: BoundCall, wanted: int) -> tuple:
-        """The consumed statistics of ``call`` computed again by the op's saving forward (the
-        same computation as the first time, so the same values)."""
+    def hold(self, call: BoundCall) -> BoundCall:
+        """What a node keeps of ``call`` for a second backward: the call with the inputs kept as
+        stand-ins held weakly (the node must not keep them alive)."""
+        inputs = tuple(
+            weakref.ref(t) if i in self._described_inputs and t is not None else t for i, t in enumerate(call.inputs)
+        )
+        return BoundCall(inputs, call.outs, call.device, call.dims, call.output_shapes, call.output_dtypes)
+
+    def recompute_consumed(self, op: Op, held: BoundCall, wanted: int) -> tuple:
+        """The consumed statistics of the ``held`` call computed again by the op's saving
+        forward (the same computation as the first time, so the same values)."""
+        inputs = tuple(t() if isinstance(t, weakref.ref) else t for t in held.inputs)
+        freed = [self._input_names[i] for i, (t, kept) in enumerate(zip(inputs, held.inputs)) if t is None and kept is not None]
+        if freed:
+            raise OpNotAvailableError(
+                f"{self.forward.name}: a second backward through one call (retain_graph=True) computes the gradients "
+                f"its first backward consumed again from the call's inputs, and {', '.join(freed)} "
+                f"{'was' if len(freed) == 1 else 'were'} freed after the forward (the call's autograd node keeps only "
+                "the shape of an input its backward op does not read, so as not to keep it alive); keep a reference "
+                "to it to run the backward more than once"
+            )
+        call = BoundCall(inputs, held.outs, held.device, held.dims, held.output_shapes, held.output_dtypes)
         result, saved = op.run_saving(call, wanted)
         outputs = result if isinstance(result, tuple) else (result,)
         saved = self.complete_saved(op, call.inputs, outputs, saved, wanted)
@@ -204,6 +240,12 @@ class Differentiation:
             results[index] if index is not None and given and need else None
             for index, given, need in zip(self.gradient_of, present, needed)
         ]
+
+
+def stand_in(tensor: Any) -> Any:
+    """A tensor with ``tensor``'s shape, dtype and device over one element of memory (a
+    broadcast view), for a backward op that reads only those; None stays None."""
+    return tensor if tensor is None else tensor.new_empty(()).expand(tensor.shape)
 
 
 def derive_input(op: Op, name: str, tensors: dict[str, Any]) -> torch.Tensor:
@@ -258,7 +300,7 @@ class _Node(torch.autograd.Function):
         ctx.present = [t is not None for t in inputs]
         kept, ctx.consumed = wiring.split_consumed(wiring.kept(inputs, outputs, saved))
         ctx.save_for_backward(*kept)
-        ctx.call = call if wiring.consumes else None  # for a second backward, which computes them again
+        ctx.call = wiring.hold(call) if wiring.consumes else None  # for a second backward, which computes them again
         # Decided on the call's inputs: a non-contiguous one is already the call path's own copy.
         ctx.overwrite = op.in_place_backward_op is not None and wiring.may_overwrite(inputs)
         ctx.overwritten = False

@@ -240,8 +240,12 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
             w.emit(f"if not {t}.is_cpu: break", indent)
         else:
             w.emit(f"if {t}.device != _dev: break", indent)
-        # An mkldnn tensor says it is contiguous: its layout tells it apart.
-        w.emit(f"if not {t}.is_contiguous() or {t}.layout is not _strided: break", indent)
+        # An mkldnn tensor says it is contiguous: its layout tells it apart. An input whose
+        # shape alone is read may be any strided view (autograd passes a one-element stand-in).
+        if decl.described_only:
+            w.emit(f"if {t}.layout is not _strided: break", indent)
+        else:
+            w.emit(f"if not {t}.is_contiguous() or {t}.layout is not _strided: break", indent)
     if entry.backward is not None:
         # A call that must record autograd history is checked as any other, then handed to
         # ``differentiate`` (the op's autograd node): the reference bind would cost a training

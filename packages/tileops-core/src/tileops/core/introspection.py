@@ -68,7 +68,7 @@ def _tensor_text(decl: TensorDecl) -> str:
     if decl.dtype_param is not None:
         dtype = f"{decl.dtype_param} if given, else {dtype}"
     shape = f"shape of {decl.shape_same_as}" if decl.shape is None else f"shape {decl.shape}"
-    extras = [text for flag, text in ((decl.optional, "optional"), (decl.written, decl.access)) if flag]
+    extras = [text for flag, text in ((decl.optional, "optional"), (decl.access != "read", decl.access)) if flag]
     if decl.out is not None:
         extras.append(f"fills {decl.out}= when given")
     if decl.aliases is not None:

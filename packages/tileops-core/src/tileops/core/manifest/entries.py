@@ -29,7 +29,10 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 PARAM_TYPES = ("int", "float", "bool", "str", "shape", "dtype")
-ACCESS = ("read", "readwrite", "write")
+#: What an op does with an input: reads it; reads and writes it in place; only writes it; or reads
+#: only its shape, dtype and device (``shape``: a backward op told a forward input's description,
+#: whose values its implementations never read, so that autograd need not keep the tensor alive).
+ACCESS = ("read", "readwrite", "write", "shape")
 #: The most elements a workload's tensor (or a shape param) may have: its bytes, 8 per
 #: element at most, must fit torch's int64 sizes.
 MAX_NUMEL = 2**60
@@ -63,7 +66,12 @@ class TensorDecl:
 
     @property
     def written(self) -> bool:
-        return self.access != "read"
+        return self.access in ("readwrite", "write")
+
+    @property
+    def described_only(self) -> bool:
+        """Whether implementations read only this input's shape, dtype and device (``access: shape``)."""
+        return self.access == "shape"
 
     def dtype_in(self, dtype: torch.dtype) -> torch.dtype:
         """This tensor's dtype in a call (a workload, a description) whose tensors are ``dtype``:

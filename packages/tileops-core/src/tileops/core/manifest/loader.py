@@ -149,7 +149,9 @@ def _tensor(
         if target not in inputs:
             raise where.at("aliases").error(f"names no input (inputs: {', '.join(inputs)})")
         if not inputs[target].written:
-            raise where.at("aliases").error(f"input {target!r} is not written (access: read); only a written input can be aliased")
+            raise where.at("aliases").error(
+                f"input {target!r} is not written (access: {inputs[target].access}); only a written input can be aliased"
+            )
         if "out" in spec:
             raise where.error("declares both aliases and out; an output either returns a written input or fills a caller buffer")
         for field in ("dtype", "shape"):
@@ -189,9 +191,10 @@ def _tensor(
         fields["access"] = access
         if "derive" in spec:
             fields["derive"] = _str(spec["derive"], where.at("derive"))
-        if access == "read" and fields["contiguous"]:
+        if access in ("read", "shape") and fields["contiguous"]:
             raise where.at("contiguous").error(
-                "only written inputs declare contiguous: inputs that are only read are always made contiguous"
+                "only written inputs declare contiguous: inputs that are read are always made contiguous, "
+                "and the layout of one whose shape alone is read (access: shape) does not matter"
             )
     return TensorDecl(**fields)
 

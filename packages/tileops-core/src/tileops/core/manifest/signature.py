@@ -200,7 +200,9 @@ class Signature:
                     f"{self.op}: argument {decl.name!r} is on {tensor.device}, but the call's device "
                     f"(from {self._first!r}) is {device}; move every tensor to one device"
                 )
-            if not decl.written:
+            if decl.described_only:  # its values are never read: a copy would only cost memory
+                pass
+            elif not decl.written:
                 if not tensor.is_contiguous():
                     values[i] = tensor.contiguous()
             elif decl.contiguous and not tensor.is_contiguous():
