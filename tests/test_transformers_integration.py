@@ -174,6 +174,89 @@ def test_the_norms_of_architectures_outside_the_list_are_probed_and_replaced(con
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, **TOLERANCE[torch.float32])
 
 
+def _outside_pair(config: str, attn_implementation: str | None = None, **overrides):
+    """An architecture outside the list, unpatched and patched (its norms' weights moved off their
+    initial ones), and the report."""
+    torch.manual_seed(0)
+    options = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    reference = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config)(**{**TINY, **overrides}), **options)
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if "norm" in name:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    model = copy.deepcopy(reference)
+    return reference, model, tileops_hf.apply(model)
+
+
+def _assert_computes_and_trains_as(model, reference):
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, **TOLERANCE[torch.float32])
+    model.train()
+    reference.train()
+    output, output_reference = model(ids, labels=ids), reference(ids, labels=ids)
+    torch.testing.assert_close(output.loss, output_reference.loss, **TOLERANCE[torch.float32])
+    output.loss.backward()
+    output_reference.loss.backward()
+    expected = dict(reference.named_parameters())
+    for name, parameter in model.named_parameters():
+        assert_gradients_close(parameter.grad, expected[name].grad, name)
+
+
+def test_a_rotation_of_pairs_is_recognised_and_a_forward_that_scales_its_logits_keeps_its_loss():
+    # Cohere rotates pairs (GPT-J's rotation) under the name Llama uses for halves, and multiplies
+    # its logits by logit_scale before the loss: a fused loss would leave the scale out.
+    reference, model, report = _outside_pair("CohereConfig", logit_scale=0.5)
+    replaced = {r.original: r.replacement for r in report.replaced}
+    assert replaced["CohereAttention: apply_rotary_pos_emb"] == "RotaryEmbeddingFwdOp (style=interleaved)"
+    left = {(r.kind, r.original): r.reason for r in report.left}
+    assert left["loss", "CohereForCausalLM.forward"] == (
+        "the linear cross-entropy is not fused: its forward also reads logit_scale, which may change the logits "
+        "the fused forward never computes")
+    _assert_computes_and_trains_as(model, reference)
+
+
+def test_a_forward_that_divides_its_logits_keeps_its_loss():
+    reference, model, report = _outside_pair("GraniteConfig", logits_scaling=4.0)
+    left = {(r.kind, r.original): r.reason for r in report.left}
+    assert "its forward also reads logits_scaling" in left["loss", "GraniteForCausalLM.forward"]
+    _assert_computes_and_trains_as(model, reference)
+
+
+def test_a_model_on_another_attention_implementation_keeps_it():
+    # Gemma 2 soft-caps its attention scores, which sdpa refuses: it runs on eager attention,
+    # which takes masks of another form than the ones TileOPs' attention function reads.
+    reference, model, report = _outside_pair("Gemma2Config", "eager", head_dim=16, sliding_window=4)
+    left = {(r.kind, r.original): r.reason for r in report.left}
+    assert left["attention", "Gemma2Attention: eager"] == "its attention implementation is 'eager'; TileOPs' stands in for 'sdpa'"
+    assert model.config._attn_implementation == "eager"
+    _assert_computes_and_trains_as(model, reference)
+
+
+def test_a_config_without_a_window_written_as_zero_builds_no_window():
+    # Qwen2-MoE's config holds sliding_window=0 where its layers have none.
+    reference, model, report = _outside_pair("Qwen2MoeConfig", moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                             num_experts=4, num_experts_per_tok=2)
+    assert reference.config.sliding_window == 0
+    assert any(r.original == "Qwen2MoeAttention: sdpa attention" for r in report.replaced)
+    _assert_computes_and_trains_as(model, reference)
+
+
+def test_only_a_function_computing_the_ops_rotation_is_replaced():
+    from tileops.integrations.transformers.attention import rotation_style
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as halves
+
+    def one_tensor(x, cos, sin, unsqueeze_dim=1):
+        return halves(x, x, cos, sin, unsqueeze_dim)[0]
+
+    def without_sin(q, k, cos, sin, unsqueeze_dim=1):
+        return q * cos.unsqueeze(unsqueeze_dim), k * cos.unsqueeze(unsqueeze_dim)
+
+    assert rotation_style(halves) == "neox"
+    assert rotation_style(one_tensor) is None
+    assert rotation_style(without_sin) is None
+
+
 def test_a_replacement_holds_the_replaced_modules_own_parameters():
     model = tiny_model("qwen3")
     weights = {name: module.weight for name, module in model.named_modules() if type(module).__name__ == "Qwen3RMSNorm"}

@@ -151,7 +151,8 @@ def _plan_attention(plan: _Plan, module: torch.nn.Module, path: str, attention: 
     name = getattr(cls, "tileops_original", cls).__name__
     rotating = _attention.rotating_class(module, plan.target)
     if isinstance(rotating, type):
-        plan.replace(path, f"{name}: apply_rotary_pos_emb", "RotaryEmbeddingFwdOp",
+        style = "" if rotating.tileops_rotation == "neox" else f" (style={rotating.tileops_rotation})"
+        plan.replace(path, f"{name}: apply_rotary_pos_emb", f"RotaryEmbeddingFwdOp{style}",
                      functools.partial(setattr, module, "__class__", rotating))
     else:
         plan.leave(path, f"{name}: apply_rotary_pos_emb", "rotary embedding", rotating)
@@ -163,6 +164,12 @@ def _plan_attention(plan: _Plan, module: torch.nn.Module, path: str, attention: 
         plan.leave(path, f"{name}: {implementation}", "attention", "already on TileOPs")
     elif not _calls_registry(cls):
         plan.leave(path, f"{name}: {implementation}", "attention", "its forward does not call transformers' attention registry")
+    elif implementation not in (_attention.STANDS_IN_FOR, _attention.IMPLEMENTATION):
+        # The function takes sdpa's masks and hands what its ops do not take to sdpa: a model set
+        # to another implementation (Gemma 2's eager, for the soft-capping sdpa refuses) keeps it.
+        # One loaded with attn_implementation="tileops" gets its modules' ops here.
+        plan.leave(path, f"{name}: {implementation}", "attention",
+                   f"its attention implementation is {implementation!r}; TileOPs' stands in for {_attention.STANDS_IN_FOR!r}")
     else:
         ops = _attention.attention_ops(module, plan.target, plan.attention_ops)
         plan.attention_patched = True

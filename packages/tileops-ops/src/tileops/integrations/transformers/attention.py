@@ -31,7 +31,10 @@ the same as unpatched:
 ``apply_rotary_pos_emb``, which each attention forward calls) runs on ``RotaryEmbeddingFwdOp``.
 The attention module's class becomes a subclass whose ``forward`` is the class's own forward
 code with that one name bound to TileOPs' rotation (only in this model: other models of the
-class are untouched). The rotary module that computes the cos and sin tables is left.
+class are untouched). Which rotation, if any, is decided by running the model's function and the
+op's two styles on random inputs (``rotation_style``): Llama's rotates halves, Cohere's pairs,
+and a function of that name with other parameters or another formula keeps its own. The rotary
+module that computes the cos and sin tables is left.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ from tileops.core.tensor_description import TensorDescription
 from tileops.ops import AttentionFwdOp, DecodeAttentionFwdOp, RotaryEmbeddingFwdOp
 
 IMPLEMENTATION = "tileops"
+#: The implementation TileOPs' replaces: its masks are the ones the function reads, and the calls
+#: its ops do not take go to it.
+STANDS_IN_FOR = "sdpa"
 
 #: transformers' sdpa attention function, set by register(): where the op cannot serve a call.
 _sdpa: Callable[..., Any] | None = None
@@ -60,7 +66,7 @@ def register() -> None:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     if _sdpa is None:
-        _sdpa = AttentionInterface._global_mapping["sdpa"]
+        _sdpa = AttentionInterface._global_mapping[STANDS_IN_FOR]
     AttentionInterface.register(IMPLEMENTATION, attention)
     AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 
@@ -143,6 +149,14 @@ class AttentionOps:
         return op
 
 
+def _is_window(value: Any, *, none: bool = False) -> bool:
+    """Whether ``value`` is a sliding window the ops take: a positive int (or None, where ``none``
+    says that no window counts). Configs also hold 0 or -1 for layers without one (Qwen2-MoE's)."""
+    if value is None:
+        return none
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _window(sliding_window: int | None) -> int | None:
     """transformers' sliding window (a query sees the ``sliding_window`` keys up to its own) as
     the op's (the keys before the diagonal)."""
@@ -198,7 +212,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     ((B, S_q, H_q, D), None)."""
     causal = getattr(module, "is_causal", True)
     ops: AttentionOps | None = getattr(module, "tileops_attention", None)
-    unsupported = (dropout > 0.0 or kwargs.get("softcap") is not None
+    unsupported = (dropout > 0.0 or kwargs.get("softcap") is not None or not _is_window(sliding_window, none=True)
                    or kwargs.get("output_attentions", False) or kwargs.get("position_bias") is not None
                    or (is_causal is not None and is_causal != causal) or ops is None or ops.causal != causal
                    or (scaling is not None and scaling != ops.scale))
@@ -250,7 +264,7 @@ def attention_ops(module: torch.nn.Module, target: str | None, shared: dict) -> 
     config = getattr(module, "config", None)
     for owner in (module, config):
         window = getattr(owner, "sliding_window", None)
-        if isinstance(window, int) and not isinstance(window, bool):
+        if _is_window(window):
             ops.build(_window(window))
     heads_q = getattr(config, "num_attention_heads", None)
     head_dim = getattr(module, "head_dim", None)
@@ -284,19 +298,53 @@ def _rotation(op: RotaryEmbeddingFwdOp, original: Callable) -> Callable:
     return apply_rotary_pos_emb
 
 
+#: The parameters of the ``apply_rotary_pos_emb`` the replacement stands in for (most of
+#: transformers' models); others (one tensor at a time, position_ids) keep their own.
+ROTATION_PARAMETERS = ("q", "k", "cos", "sin", "unsqueeze_dim")
+#: The rotations the op computes, tried in turn against a model's function.
+ROTATION_STYLES = ("neox", "interleaved")
+
+
 @functools.cache
-def _rotating_class(cls: type, target: str | None) -> type:
+def rotation_style(original: Callable) -> str | None:
+    """The op's ``style`` that computes what ``original`` (a model's ``apply_rotary_pos_emb``)
+    computes, or None. Decided by running both on random q, k and caches on the CPU: the name is
+    shared by rotations of halves (Llama's), of pairs (Cohere's) and of other inputs, and the
+    replacement must not rotate a model's q and k otherwise than its own code."""
+    try:
+        parameters = inspect.signature(original).parameters
+    except (TypeError, ValueError):
+        return None
+    if tuple(parameters) != ROTATION_PARAMETERS or parameters["unsqueeze_dim"].default != 1:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, heads, 5, 8, generator=generator) for heads in (4, 2))
+    cos, sin = (torch.randn(1, 5, 8, generator=generator) for _ in range(2))
+    try:
+        expected = original(q, k, cos, sin)
+    except Exception:  # noqa: BLE001 - a function that does not take these is not the op's
+        return None
+    for style in ROTATION_STYLES:
+        got = _rotation(RotaryEmbeddingFwdOp(style=style), original)(q, k, cos, sin)
+        if all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(got, expected)):
+            return style
+    return None
+
+
+@functools.cache
+def _rotating_class(cls: type, target: str | None, style: str) -> type:
     forward = inspect.unwrap(cls.forward)
     namespace = dict(forward.__globals__)
     # Without the module's name: torch.compile (2.11 and earlier) takes globals that name a
     # module for that module's, and guarded the rotation through the module's own function.
     del namespace["__name__"]
-    namespace["apply_rotary_pos_emb"] = _rotation(RotaryEmbeddingFwdOp(target=target), namespace["apply_rotary_pos_emb"])
+    op = RotaryEmbeddingFwdOp(style=style, target=target)
+    namespace["apply_rotary_pos_emb"] = _rotation(op, namespace["apply_rotary_pos_emb"])
     rotated = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
     rotated.__kwdefaults__ = forward.__kwdefaults__
     rotated.__qualname__ = f"{cls.__qualname__}WithTileOPsRotation.forward"
     return type(f"{cls.__name__}WithTileOPsRotation", (cls,), {"forward": rotated, "__module__": __name__,
-                                                                 "tileops_rotation": True, "tileops_original": cls})
+                                                                 "tileops_rotation": style, "tileops_original": cls})
 
 
 def rotating_class(module: torch.nn.Module, target: str | None) -> type | str | None:
@@ -312,4 +360,16 @@ def rotating_class(module: torch.nn.Module, target: str | None) -> type | str | 
         return "its forward calls no apply_rotary_pos_emb"
     if "apply_rotary_pos_emb" not in forward.__globals__:
         return "apply_rotary_pos_emb is not a module-level function of its modeling code"
-    return _rotating_class(cls, target)
+    original = forward.__globals__["apply_rotary_pos_emb"]
+    style = rotation_style(original)
+    if style is None:
+        return (f"its apply_rotary_pos_emb{_signature_text(original)} is not q * cos + rotate(q) * sin of halves or "
+                "of pairs on (batch, heads, seq, D) q and k (checked on random inputs)")
+    return _rotating_class(cls, target, style)
+
+
+def _signature_text(function: Callable) -> str:
+    try:
+        return str(inspect.signature(function))
+    except (TypeError, ValueError):
+        return ""

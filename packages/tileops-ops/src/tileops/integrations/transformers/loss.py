@@ -79,6 +79,18 @@ class CausalLMLoss:
         return _scaled(loss.float(), num_items_in_batch)
 
 
+#: The names a causal LM's forward may read for the fused forward to stand in for it: the base
+#: model's last hidden states projected by ``lm_head`` and handed to ``loss_function`` (in
+#: transformers 4.57 and later), and Gemma 2's final soft-capping of the logits, which the op
+#: applies. A forward that reads another name does something more to the logits (Cohere's
+#: ``logit_scale``, Granite's ``logits_scaling``), which the fused loss would leave out.
+FORWARD_NAMES = frozenset({
+    "CausalLMOutputWithPast", "attentions", "cache", "past_key_values", "config", "hidden_states", "last_hidden_state",
+    "lm_head", "loss_function", "model", "slice_logits_to_keep", "vocab_size", "isinstance", "int", "slice",
+    "final_logit_softcapping", "torch", "tanh",
+})
+
+
 def _forward_signature(cls: type) -> inspect.Signature:
     return inspect.signature(inspect.unwrap(cls.forward))
 
@@ -90,6 +102,10 @@ def fused_forward_reason(cls: type) -> str | None:
     takes_keywords = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
     if not takes_keywords or not NEEDED_PARAMETERS <= named or not named <= KNOWN_PARAMETERS:
         return f"its forward takes {tuple(parameter.name for parameter in parameters)}, not the ones the fused forward knows"
+    code = getattr(inspect.unwrap(cls.forward), "__code__", None)
+    unknown = sorted(set(code.co_names) - FORWARD_NAMES) if code is not None else ["code it cannot read"]
+    if unknown:
+        return f"its forward also reads {', '.join(unknown)}, which may change the logits the fused forward never computes"
     return None
 
 
