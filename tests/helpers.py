@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,6 +16,14 @@ import torch
 from tileops.core.call_path import CallDeclined, call_path_factory
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_tool(name: str):
+    """The module of ``tools/<name>.py`` (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_device() -> torch.device:

@@ -3,16 +3,12 @@ written out: which allocations are alive at the moment the most bytes are."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-_PATH = Path(__file__).resolve().parents[1] / "tools" / "memory_peak.py"
-_spec = importlib.util.spec_from_file_location("memory_peak", _PATH)
-memory_peak = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(memory_peak)
+from helpers import load_tool
+
+memory_peak = load_tool("memory_peak")
 
 MIB = 2**20
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch._dynamo.testing
 
+from helpers import load_tool
+
 transformers = pytest.importorskip("transformers")
 
 import tileops.nn  # noqa: E402
@@ -834,14 +836,18 @@ def test_on_cuda_the_compiled_patched_model_trains():
         assert_gradients_close(parameter.grad, expected[name].grad, name)
 
 
-def test_the_cpu_training_benchmark_times_every_op_of_a_layer_against_torch():
-    import importlib.util
-    from pathlib import Path
+def test_the_architecture_check_passes_on_the_architectures_it_names_and_refuses_unknown_types(capsys):
+    check = load_tool("check_transformers_models")
+    assert check.main(["llama", "cohere"]) == 0
+    table = capsys.readouterr().out
+    assert "| llama | ok | 13 replaced (" in table and "| cohere | ok | 7 replaced (" in table and "\n2 ok\n" in table
+    with pytest.raises(SystemExit):
+        check.main(["no_such_type"])
+    assert "not causal-LM model types of transformers" in capsys.readouterr().err
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "bench_cpu_training.py"
-    spec = importlib.util.spec_from_file_location("bench_cpu_training", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+
+def test_the_cpu_training_benchmark_times_every_op_of_a_layer_against_torch():
+    bench = load_tool("bench_cpu_training")
     text = bench.main(["--tokens", "16", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "96",
                        "--vocab", "50", "--calls", "1", "--loops", "1"])
     rows = text.splitlines()[2:]
@@ -852,13 +858,8 @@ def test_the_cpu_training_benchmark_times_every_op_of_a_layer_against_torch():
 
 def test_the_end_to_end_benchmark_runs_its_quick_form():
     import argparse
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "bench_llama.py"
-    spec = importlib.util.spec_from_file_location("bench_llama", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_tool("bench_llama")
     text = bench.main(["--quick", "--variants", "eager,tileops", "--device", "cpu", "--kernel-profile", "3"])
     rows = [line for line in text.splitlines() if line.startswith("| eager |") or line.startswith("| tileops |")]
     assert len(rows) == 2 and "13 parts replaced, 1 left (rotary embedding 1)" in rows[1]
