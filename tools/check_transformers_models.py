@@ -13,15 +13,18 @@ gradient (relative to the largest element of the unpatched one; gradients that a
 there, such as a key projection's bias, whose true gradient is zero, are skipped).
 
 A type whose unpatched model cannot be built or run from such a config (a composite config, a
-required option the small sizes contradict, more than ``--max-parameters``) is listed as skipped
-with the reason; it says nothing about the patch. The exit status is 1 where a patched model
+required option the small sizes contradict, more than ``--max-parameters``, longer than
+``--seconds``) is listed as skipped with the reason; it says nothing about the patch. Needs a
+system with SIGALRM (Linux, macOS). The exit status is 1 where a patched model
 differs or fails, and the table says which and where.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import signal
 import sys
 import warnings
 
@@ -37,6 +40,26 @@ ROUND_OFF = 1e-6  # an unpatched gradient no larger than this is round-off
 
 class Skipped(Exception):
     """The unpatched model of a type cannot be built or run from the small config."""
+
+
+class TookTooLong(Exception):
+    """A model ran past the time one type is given."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int):
+    """Raise TookTooLong in the main thread after ``seconds`` (a few architectures' small models
+    run for minutes on a CPU, growing their memory all along)."""
+    def stop(signum, frame):
+        raise TookTooLong
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def small_config(model_type: str):
@@ -62,7 +85,7 @@ def run(model, ids: torch.Tensor):
     return logits, loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
-def check(model_type: str, max_parameters: int) -> tuple[str, str]:
+def check(model_type: str, max_parameters: int, seconds: int) -> tuple[str, str]:
     """(outcome, detail) of one model type: ``ok``, ``differs``, ``fails`` or ``skipped``."""
     import transformers
 
@@ -70,21 +93,27 @@ def check(model_type: str, max_parameters: int) -> tuple[str, str]:
 
     ids = torch.randint(3, SIZES["vocab_size"] - 1, (2, 12), generator=torch.Generator().manual_seed(1))
     try:
-        config = small_config(model_type)
-        torch.manual_seed(0)
-        reference = transformers.AutoModelForCausalLM.from_config(config)
-        count = sum(p.numel() for p in reference.parameters())
-        if count > max_parameters:
-            raise Skipped(f"{count} parameters at the small sizes")
-        model = copy.deepcopy(reference)
-        expected = run(reference, ids)
+        with time_limit(seconds):
+            config = small_config(model_type)
+            torch.manual_seed(0)
+            reference = transformers.AutoModelForCausalLM.from_config(config)
+            count = sum(p.numel() for p in reference.parameters())
+            if count > max_parameters:
+                raise Skipped(f"{count} parameters at the small sizes")
+            model = copy.deepcopy(reference)
+            expected = run(reference, ids)
     except Skipped as reason:
         return "skipped", str(reason)
+    except TookTooLong:
+        return "skipped", f"the unpatched model ran past {seconds} s"
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config
         return "skipped", f"unpatched: {type(error).__name__}: {str(error)[:100]}"
     try:
-        report = apply(model)
-        logits, loss, gradients = run(model, ids)
+        with time_limit(seconds):
+            report = apply(model)
+            logits, loss, gradients = run(model, ids)
+    except TookTooLong:
+        return "fails", f"the patched model ran past {seconds} s"
     except Exception as error:  # noqa: BLE001 - the patched model must run wherever the unpatched one does
         return "fails", f"{type(error).__name__}: {str(error)[:200]}"
     problems = []
@@ -118,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_types", nargs="*", help="transformers model types (default: every causal LM's)")
     parser.add_argument("--max-parameters", type=int, default=40_000_000,
                         help="skip a type whose small model has more (a mixture of many experts)")
+    parser.add_argument("--seconds", type=int, default=60, help="the time each model (unpatched, patched) is given")
     args = parser.parse_args(argv)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging
@@ -132,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"transformers {transformers_version()}, torch {torch.__version__}, float32 on the CPU\n")
     print("| model type | outcome | detail |\n| --- | --- | --- |")
     for model_type in types:
-        outcome, detail = check(model_type, args.max_parameters)
+        outcome, detail = check(model_type, args.max_parameters, args.seconds)
         counts[outcome] = counts.get(outcome, 0) + 1
         print(f"| {model_type} | {outcome} | {detail.replace('|', '/')} |", flush=True)
     print("\n" + ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items())))
