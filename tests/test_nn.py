@@ -111,6 +111,26 @@ def test_the_gated_mlp_loads_a_llama_mlp_checkpoint_and_trains_alike(activation,
         tnn.GatedMLP(16, 32, "relu")
 
 
+@pytest.mark.parametrize(("activation", "formula"), [("silu", F.silu), ("gelu", F.gelu)])
+def test_the_packed_gated_mlp_loads_a_phi3_mlp_checkpoint_and_trains_alike(activation, formula):
+    torch.manual_seed(0)
+    mlp = tnn.PackedGatedMLP(16, 32, activation)
+    assert set(mlp.state_dict()) == {"gate_up_proj.weight", "down_proj.weight"}
+    assert mlp.gate_up_proj.weight.shape == (64, 16)
+    x = torch.randn(2, 3, 16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y = mlp(x)
+    gate, up = F.linear(x_ref, mlp.gate_up_proj.weight).chunk(2, dim=-1)  # transformers' Phi3MLP: the gate first
+    expected = F.linear(formula(gate) * up, mlp.down_proj.weight)
+    torch.testing.assert_close(y, expected)
+    dx, dw = torch.autograd.grad(y.square().sum(), (x, mlp.gate_up_proj.weight))
+    dx_ref, dw_ref = torch.autograd.grad(expected.square().sum(), (x_ref, mlp.gate_up_proj.weight))
+    torch.testing.assert_close(dx, dx_ref)
+    torch.testing.assert_close(dw, dw_ref)
+    with pytest.raises(ValueError, match=r"PackedGatedMLP: activation must be one of \['gelu', 'gelu_tanh', 'silu'\], got 'relu'"):
+        tnn.PackedGatedMLP(16, 32, "relu")
+
+
 def test_rotary_embedding_rotates_as_llama_and_leaves_the_rest_of_a_partial_head():
     rope = tnn.RotaryEmbedding(8, max_positions=32, base=500.0)
     assert rope.state_dict() == {}

@@ -244,6 +244,15 @@ def test_a_config_without_a_window_written_as_zero_builds_no_window():
     _assert_computes_and_trains_as(model, reference)
 
 
+def test_an_mlp_with_fused_gate_and_up_projections_gets_the_packed_op():
+    reference, model, report = _outside_pair("Phi3Config", pad_token_id=0)
+    mlps = [(r.original, r.replacement) for r in report.replaced if r.original.endswith("MLP")]
+    assert mlps == [("Phi3MLP", "tileops.nn.PackedGatedMLP")] * TINY["num_hidden_layers"]
+    assert all(isinstance(layer.mlp, tileops.nn.PackedGatedMLP) for layer in model.model.layers)
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    _assert_computes_and_trains_as(model, reference)
+
+
 def test_only_a_function_computing_the_ops_rotation_is_replaced():
     from tileops.integrations.transformers.attention import rotation_style
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as halves

@@ -3,8 +3,9 @@
 * ``norm``: ``RMSNorm``, ``LayerNorm`` (the parameters and ``state_dict`` keys of
   ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm``, so a checkpoint loads into either),
   ``FusedAddRMSNorm``, ``FusedAddLayerNorm``;
-* ``activation``: ``SwiGLU``, ``GeGLU`` (the gated activations of LLM MLPs) and ``GatedMLP``
-  (the whole MLP, with transformers' ``LlamaMLP`` ``state_dict`` keys);
+* ``activation``: ``SwiGLU``, ``GeGLU`` (the gated activations of LLM MLPs), ``GatedMLP``
+  (the whole MLP, with transformers' ``LlamaMLP`` ``state_dict`` keys) and ``PackedGatedMLP``
+  (its gate and up projections fused, with ``Phi3MLP``'s keys);
 * ``rope``: ``RotaryEmbedding``;
 * ``attention``: ``Attention``;
 * ``loss``: ``CrossEntropyLoss`` (``torch.nn.CrossEntropyLoss``'s options, plus z-loss and
@@ -19,7 +20,7 @@ input's dtype for the call, differentiably: the result has the input's dtype, as
 
 from __future__ import annotations
 
-from tileops.nn.activation import GatedMLP, GeGLU, SwiGLU
+from tileops.nn.activation import GatedMLP, GeGLU, PackedGatedMLP, SwiGLU
 from tileops.nn.attention import Attention
 from tileops.nn.loss import CrossEntropyLoss, LinearCrossEntropyLoss
 from tileops.nn.norm import FusedAddLayerNorm, FusedAddRMSNorm, LayerNorm, RMSNorm
@@ -34,6 +35,7 @@ __all__ = [
     "GeGLU",
     "LayerNorm",
     "LinearCrossEntropyLoss",
+    "PackedGatedMLP",
     "RMSNorm",
     "RotaryEmbedding",
     "SwiGLU",
@@ -41,6 +43,6 @@ __all__ = [
 
 # The classes are named where users import them (reports, reprs and pickles say tileops.nn.X).
 for _cls in (Attention, CrossEntropyLoss, FusedAddLayerNorm, FusedAddRMSNorm, GatedMLP, GeGLU, LayerNorm, LinearCrossEntropyLoss,
-             RMSNorm, RotaryEmbedding, SwiGLU):
+             PackedGatedMLP, RMSNorm, RotaryEmbedding, SwiGLU):
     _cls.__module__ = __name__
 del _cls

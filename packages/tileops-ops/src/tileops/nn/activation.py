@@ -6,6 +6,10 @@
 take one tensor holding ``[gate | up]`` along its last dimension, 2 * d wide (a fused gate-up
 projection's output), and return d wide (``PackedSwiGLUFwdOp``, ``PackedGeGLUFwdOp``).
 
+``PackedGatedMLP`` is the same MLP with the gate and up projections fused into one
+``gate_up_proj`` (transformers' ``Phi3MLP``): ``down_proj(act(gate) * up)`` of the halves of
+``gate_up_proj(x)``, the gated product on the packed op, which reads them where they are.
+
 ``GatedMLP(hidden_size, intermediate_size, activation)`` computes ``down_proj(act(gate_proj(x)) *
 up_proj(x))`` with three ``torch.nn.Linear`` children under transformers' ``LlamaMLP`` names, so a
 Llama, Mistral, Qwen or Gemma checkpoint's MLP weights load into it (``gate_proj.weight``,
@@ -21,7 +25,7 @@ import torch
 
 from tileops.ops import GeGLUFwdOp, PackedGeGLUFwdOp, PackedSwiGLUFwdOp, SwiGLUFwdOp
 
-__all__ = ["GatedMLP", "GeGLU", "SwiGLU"]
+__all__ = ["GatedMLP", "GeGLU", "PackedGatedMLP", "SwiGLU"]
 
 
 class _GLU(torch.nn.Module):
@@ -78,12 +82,17 @@ class GeGLU(_GLU):
 
 
 #: GatedMLP's activation names, and the gated module each is (its inputs the MLP's own
-#: projections, which the backward may overwrite).
+#: projections, which the backward may overwrite; ``d``: the packed form's half width).
 ACTIVATIONS = {
-    "silu": lambda target: SwiGLU(consume_inputs=True, target=target),
-    "gelu": lambda target: GeGLU("none", consume_inputs=True, target=target),
-    "gelu_tanh": lambda target: GeGLU("tanh", consume_inputs=True, target=target),
+    "silu": lambda target, d=None: SwiGLU(d=d, consume_inputs=d is None, target=target),
+    "gelu": lambda target, d=None: GeGLU("none", d=d, consume_inputs=d is None, target=target),
+    "gelu_tanh": lambda target, d=None: GeGLU("tanh", d=d, consume_inputs=d is None, target=target),
 }
+
+
+def _checked_activation(module: str, activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{module}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
 
 
 class GatedMLP(torch.nn.Module):
@@ -97,8 +106,7 @@ class GatedMLP(torch.nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False,
                  device=None, dtype=None, *, target: str | None = None) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"GatedMLP: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        _checked_activation("GatedMLP", activation)
         factory = {"bias": bias, "device": device, "dtype": dtype}
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -110,6 +118,33 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, {self.intermediate_size}, activation={self.activation!r}"
+
+
+class PackedGatedMLP(torch.nn.Module):
+    """``down_proj(act(gate) * up)`` where ``[gate | up] = gate_up_proj(x)``: the gated MLP with
+    its gate and up projections fused into one GEMM, the gated product on ``PackedSwiGLUFwdOp``
+    or ``PackedGeGLUFwdOp``: ``PackedGatedMLP(hidden_size, intermediate_size, activation="silu",
+    bias=False, device=None, dtype=None, *, target=None)``, activations as ``GatedMLP``'s. The
+    ``state_dict`` is transformers' ``Phi3MLP``'s (``gate_up_proj.weight``, 2 * intermediate_size
+    rows, the gate's first; ``down_proj.weight``)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False,
+                 device=None, dtype=None, *, target: str | None = None) -> None:
+        super().__init__()
+        _checked_activation("PackedGatedMLP", activation)
+        factory = {"bias": bias, "device": device, "dtype": dtype}
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.activation = activation
+        self.gate_up_proj = torch.nn.Linear(hidden_size, 2 * intermediate_size, **factory)
+        self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **factory)
+        self.act = ACTIVATIONS[activation](target, intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, {self.intermediate_size}, activation={self.activation!r}"

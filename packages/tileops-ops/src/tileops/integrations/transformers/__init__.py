@@ -8,7 +8,8 @@ of it, and returns a ``Report`` (print it) of what it replaced and what it left,
   ``*RMSNorm`` classes whose output on a probe input matches one of the two formulas, and torch's
   ``LayerNorm`` and ``RMSNorm``;
 * the MLP (``mlp``): a gated MLP (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn`` SiLU or
-  GELU) becomes ``tileops.nn.GatedMLP`` on the SwiGLU / GeGLU op;
+  GELU) becomes ``tileops.nn.GatedMLP`` on the SwiGLU / GeGLU op, one with the two projections
+  fused (``gate_up_proj``) ``tileops.nn.PackedGatedMLP`` on the packed ops;
 * the rotary embedding and attention (``attention``): each attention module's rotation of q and
   k runs on ``RotaryEmbeddingFwdOp``, and the model's attention implementation becomes
   ``"tileops"``, registered in transformers' ``AttentionInterface``, on ``AttentionFwdOp``
@@ -85,7 +86,7 @@ PATCHERS: list[tuple[str, Callable[[torch.nn.Module, str | None], torch.nn.Modul
 
 ROTARY_TABLES = "it computes the cos and sin tables, in torch; the rotation they feed is patched in each attention module"
 _TILEOPS_MODULES = (tileops.nn.RMSNorm, tileops.nn.LayerNorm, tileops.nn.FusedAddRMSNorm, tileops.nn.FusedAddLayerNorm,
-                    tileops.nn.GatedMLP)
+                    tileops.nn.GatedMLP, tileops.nn.PackedGatedMLP)
 
 
 def _hooks(module: torch.nn.Module) -> str | None:
@@ -103,7 +104,8 @@ def _outcome(module: torch.nn.Module, target: str | None) -> tuple[str, torch.nn
     """(kind, replacement or reason to leave it) for one module, or None where it is not one
     apply() replaces or reports."""
     if isinstance(module, _TILEOPS_MODULES):
-        return ("MLP activation" if isinstance(module, tileops.nn.GatedMLP) else "norm"), "already a TileOPs module"
+        mlp = isinstance(module, (tileops.nn.GatedMLP, tileops.nn.PackedGatedMLP))
+        return ("MLP activation" if mlp else "norm"), "already a TileOPs module"
     for kind, patcher in PATCHERS:
         result = patcher(module, target)
         if result is None:

@@ -1,7 +1,9 @@
 """The MLP patcher of the transformers integration: a Llama-style gated MLP (``gate_proj``,
 ``up_proj``, ``down_proj`` and ``act_fn``: ``down(act(gate(x)) * up(x))``) becomes
 ``tileops.nn.GatedMLP`` holding the same ``Linear`` modules, its activation whichever of SiLU,
-exact GELU and tanh GELU ``act_fn`` computes on a probe input."""
+exact GELU and tanh GELU ``act_fn`` computes on a probe input. One with the gate and up
+projections fused (``gate_up_proj``, ``down_proj`` and ``activation_fn``, as Phi-3's) becomes
+``tileops.nn.PackedGatedMLP`` where its output on a probe input is the replacement's."""
 
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def gated_mlp(module: torch.nn.Module, target: str | None) -> torch.nn.Module | 
     is not an MLP."""
     if not type(module).__name__.endswith("MLP"):
         return None
+    if hasattr(module, "gate_up_proj"):
+        return _packed_gated_mlp(module, target)
     projections = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
     act_fn = getattr(module, "act_fn", None)
     if not all(type(p) is torch.nn.Linear for p in projections) or not isinstance(act_fn, torch.nn.Module):
@@ -69,9 +73,35 @@ def gated_mlp(module: torch.nn.Module, target: str | None) -> torch.nn.Module | 
     return replacement
 
 
+def _packed_gated_mlp(module: torch.nn.Module, target: str | None) -> torch.nn.Module | str:
+    """An MLP with a fused ``gate_up_proj``: its PackedGatedMLP, or why it is left. Always
+    probed: no listed architecture fuses the projections, so no such class is known."""
+    children = {name: child for name, child in module.named_children()}
+    fused, down, act_fn = children.get("gate_up_proj"), children.get("down_proj"), children.get("activation_fn")
+    if set(children) != {"gate_up_proj", "down_proj", "activation_fn"} or not all(
+            type(p) is torch.nn.Linear for p in (fused, down)):
+        return ("not a fused gated MLP: its modules are not gate_up_proj and down_proj Linear modules and "
+                f"activation_fn ({sorted(children)})")
+    if fused.out_features != 2 * down.in_features:
+        return f"gate_up_proj's {fused.out_features} outputs are not twice down_proj's {down.in_features} inputs"
+    activation = _activation(act_fn)
+    if activation is None:
+        return f"its activation {type(act_fn).__name__} is none of SiLU, GELU and tanh GELU"
+    if (fused.bias is None) != (down.bias is None):
+        return "one of its projections has a bias and the other not"
+    replacement = tileops.nn.PackedGatedMLP(down.out_features, down.in_features, activation, bias=fused.bias is not None,
+                                            device="meta", target=target)
+    replacement.gate_up_proj, replacement.down_proj = fused, down
+    replacement.train(module.training)
+    difference = _mismatch(module, replacement)
+    if difference is not None:
+        return f"its output on a probe input differs from PackedGatedMLP's ({difference})"
+    return replacement
+
+
 def _mismatch(module: torch.nn.Module, replacement: torch.nn.Module) -> str | None:
     """How an MLP of unknown code differs from its replacement on a probe input, or None."""
-    weight = replacement.gate_proj.weight
+    weight = replacement.down_proj.weight
     if weight.is_meta:
         return "its weights are on the meta device: there is nothing to probe it with"
     x = torch.randn(3, replacement.hidden_size, generator=torch.Generator().manual_seed(0)).to(weight.device, weight.dtype)
