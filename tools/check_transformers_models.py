@@ -8,9 +8,10 @@ The patch must replace only what computes as the original does, whatever the arc
 tests cover the architectures it names and a few outside them, and this tool the rest, as a new
 transformers release brings them. For each model type it builds a two-layer model from the
 type's config with small sizes (random weights, dropout off, nothing downloaded), then compares,
-in float32: the logits in eval mode, and in training with labels the loss and every parameter's
-gradient (relative to the largest element of the unpatched one; gradients that are round-off
-there, such as a key projection's bias, whose true gradient is zero, are skipped).
+in float32: the logits in eval mode, three greedy tokens of ``generate()`` (through the KV
+cache), and in training with labels the loss and every parameter's gradient (relative to the
+largest element of the unpatched one; gradients that are round-off there, such as a key
+projection's bias, whose true gradient is zero, are skipped).
 
 A type whose unpatched model cannot be built or run from such a config (a composite config, a
 required option the small sizes contradict, more than ``--max-parameters``, longer than
@@ -31,7 +32,8 @@ import warnings
 import torch
 
 SIZES = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 101}
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 101,
+         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # the defaults' ids are past this vocabulary
 #: float32 on the CPU: the patched ops compute in float32 and round once, as torch's do here.
 LOGITS_TOLERANCE = 1e-4
 GRADIENT_TOLERANCE = 1e-3  # relative to the largest element of the unpatched gradient
@@ -69,9 +71,17 @@ def small_config(model_type: str):
     if config.get_text_config() is not config:
         raise Skipped("a composite config (its text model has a type of its own)")
     for name, value in vars(config).items():
-        if "dropout" in name and isinstance(value, float):  # a training step must be repeatable
+        # Dropout off: the attention ops take training calls without it (with it they go to sdpa).
+        if ("dropout" in name or name.endswith("pdrop")) and isinstance(value, float):
             setattr(config, name, 0.0)
     return config
+
+
+def generated(model, ids: torch.Tensor) -> torch.Tensor:
+    """Three greedy tokens after ``ids``, through the model's KV cache."""
+    model.eval()
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, pad_token_id=0)
 
 
 def run(model, ids: torch.Tensor):
@@ -80,6 +90,7 @@ def run(model, ids: torch.Tensor):
     with torch.no_grad():
         logits = model(ids).logits
     model.train()
+    torch.manual_seed(2)  # any dropout left draws the same masks in both models
     loss = model(ids, labels=ids).loss
     loss.backward()
     return logits, loss.detach(), {name: p.grad for name, p in model.named_parameters()}
@@ -102,6 +113,11 @@ def check(model_type: str, max_parameters: int, seconds: int) -> tuple[str, str]
                 raise Skipped(f"{count} parameters at the small sizes")
             model = copy.deepcopy(reference)
             expected = run(reference, ids)
+        try:
+            with time_limit(seconds):
+                expected_tokens = generated(reference, ids)
+        except Exception:  # noqa: BLE001 - the unpatched model does not generate: compared without
+            expected_tokens = None
     except Skipped as reason:
         return "skipped", str(reason)
     except TookTooLong:
@@ -112,6 +128,7 @@ def check(model_type: str, max_parameters: int, seconds: int) -> tuple[str, str]
         with time_limit(seconds):
             report = apply(model)
             logits, loss, gradients = run(model, ids)
+            tokens = None if expected_tokens is None else generated(model, ids)
     except TookTooLong:
         return "fails", f"the patched model ran past {seconds} s"
     except Exception as error:  # noqa: BLE001 - the patched model must run wherever the unpatched one does
@@ -130,10 +147,13 @@ def check(model_type: str, max_parameters: int, seconds: int) -> tuple[str, str]
         scale = want.abs().max().item()
         if scale > ROUND_OFF and (got - want).abs().max().item() > GRADIENT_TOLERANCE * scale:
             problems.append(f"{name}'s gradient by {(got - want).abs().max().item() / scale:.1e} of its largest element")
+    if tokens is not None and not torch.equal(tokens, expected_tokens):
+        problems.append("generate() picks other tokens")
     if problems:
         return "differs", "; ".join(problems[:3])
     replaced = sorted({r.original for r in report.replaced})
-    return "ok", f"{len(report.replaced)} replaced ({', '.join(replaced)})"
+    unchecked = "" if tokens is not None else "; generate() not compared: the unpatched model's failed"
+    return "ok", f"{len(report.replaced)} replaced ({', '.join(replaced)}){unchecked}"
 
 
 def transformers_version() -> str:
