@@ -11,6 +11,8 @@ Public here, and stable across releases:
 - ``gpu_time_us``: the GPU time of a call by CUDA-graph replay (kernels that tune themselves);
 - ``derive_input``: an op's input computed by its manifest ``derive`` expression (a backward
   op computes a statistic its forward did not save);
+- ``stand_in``: what autograd passes for an ``access: shape`` input, a one-element view of its
+  shape (``tileops.testing`` passes it to the op under test too);
 - ``shown``: a value quoted for an error message, cut to a bounded length (a message about a
   file quotes what it found there, which can be any size);
 - the errors: ``TileOpsError`` and its subclasses.
@@ -20,7 +22,7 @@ these among them). ``tileops.core.manifest`` is the manifest's data model for Ti
 tools (the command line, ``tileops.testing``); every other module of this package is internal.
 """
 
-from .autograd import derive_input
+from .autograd import derive_input, stand_in
 from .device_facts import DeviceFacts, facts_for
 from .errors import (
     AmbiguousTargetError,
@@ -57,4 +59,5 @@ __all__ = [
     "facts_for",
     "gpu_time_us",
     "shown",
+    "stand_in",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tileops.core import Op
+from tileops.core import Op, stand_in
 from tileops.core.manifest import OpEntry, Workload, evaluate
 
 __all__ = [
@@ -119,8 +119,10 @@ def check_workload(
     Checks the number, shapes, dtypes and device of the outputs, their values within the
     manifest's tolerance for ``dtype``, the inputs the op writes, and outputs that alias a
     written input. With ``out_buffers``, passes a buffer for every output that accepts one and
-    checks the op returns and fills it. Returns the op's outputs as a tuple; raises
-    AssertionError naming the op, the workload, the dtype and what differs.
+    checks the op returns and fills it. An input declared ``access: shape`` reaches the op as a
+    one-element stand-in of its shape (as an autograd node passes it), the reference its values:
+    an implementation that reads its values fails here. Returns the op's outputs as a tuple;
+    raises AssertionError naming the op, the workload, the dtype and what differs.
     """
     entry = type(op).manifest_entry()
     inputs = workload_inputs(entry, workload, dtype, device, seed=seed)
@@ -131,7 +133,8 @@ def check_workload(
         for decl, want in zip(entry.outputs, expected):
             if decl.out:
                 buffers[decl.out] = torch.empty_like(want)
-    result = op(**inputs, **buffers)
+    described = {name: stand_in(t) for name, t in inputs.items() if entry.input(name).described_only}
+    result = op(**{**inputs, **described}, **buffers)
     outputs = result if isinstance(result, tuple) else (result,)
     assert len(outputs) == len(entry.outputs), f"{where}: {len(outputs)} outputs, the manifest declares {len(entry.outputs)}"
     for decl, got, want in zip(entry.outputs, outputs, expected):
