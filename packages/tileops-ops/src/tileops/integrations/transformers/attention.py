@@ -325,6 +325,8 @@ def rotation_style(original: Callable) -> str | None:
     except Exception:  # noqa: BLE001 - a function that does not take these is not the op's
         return None
     for style in ROTATION_STYLES:
+        # These shapes are ones the replacement hands to the op (it falls back to ``original``
+        # only for others), so the comparison is the op's against the model's.
         got = _rotation(RotaryEmbeddingFwdOp(style=style), original)(q, k, cos, sin)
         if all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(got, expected)):
             return style
