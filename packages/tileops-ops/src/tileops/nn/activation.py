@@ -90,12 +90,22 @@ ACTIVATIONS = {
 }
 
 
-def _checked_activation(module: str, activation: str) -> None:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{module}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+class _GatedMLPBase(torch.nn.Module):
+    """What the two gated MLPs share: their sizes and activation name (checked), and their repr."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{type(self).__name__}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.activation = activation
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, {self.intermediate_size}, activation={self.activation!r}"
 
 
-class GatedMLP(torch.nn.Module):
+class GatedMLP(_GatedMLPBase):
     """``down_proj(act(gate_proj(x)) * up_proj(x))``, the MLP of Llama-style models, with the
     gated product on a TileOPs op: ``GatedMLP(hidden_size, intermediate_size, activation="silu",
     bias=False, device=None, dtype=None, *, target=None)``. ``activation`` is ``"silu"``
@@ -105,12 +115,8 @@ class GatedMLP(torch.nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False,
                  device=None, dtype=None, *, target: str | None = None) -> None:
-        super().__init__()
-        _checked_activation("GatedMLP", activation)
+        super().__init__(hidden_size, intermediate_size, activation)
         factory = {"bias": bias, "device": device, "dtype": dtype}
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.activation = activation
         self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **factory)
         self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **factory)
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **factory)
@@ -119,11 +125,8 @@ class GatedMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
 
-    def extra_repr(self) -> str:
-        return f"{self.hidden_size}, {self.intermediate_size}, activation={self.activation!r}"
 
-
-class PackedGatedMLP(torch.nn.Module):
+class PackedGatedMLP(_GatedMLPBase):
     """``down_proj(act(gate) * up)`` where ``[gate | up] = gate_up_proj(x)``: the gated MLP with
     its gate and up projections fused into one GEMM, the gated product on ``PackedSwiGLUFwdOp``
     or ``PackedGeGLUFwdOp``: ``PackedGatedMLP(hidden_size, intermediate_size, activation="silu",
@@ -133,18 +136,11 @@ class PackedGatedMLP(torch.nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False,
                  device=None, dtype=None, *, target: str | None = None) -> None:
-        super().__init__()
-        _checked_activation("PackedGatedMLP", activation)
+        super().__init__(hidden_size, intermediate_size, activation)
         factory = {"bias": bias, "device": device, "dtype": dtype}
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.activation = activation
         self.gate_up_proj = torch.nn.Linear(hidden_size, 2 * intermediate_size, **factory)
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **factory)
         self.act = ACTIVATIONS[activation](target, intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
-
-    def extra_repr(self) -> str:
-        return f"{self.hidden_size}, {self.intermediate_size}, activation={self.activation!r}"
