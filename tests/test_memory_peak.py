@@ -47,10 +47,14 @@ def test_the_allocations_alive_at_the_peak_are_grouped_by_size_and_source_outsid
     text = memory_peak.breakdown((total, alive))
     lines = text.splitlines()
     assert lines[0].startswith(f"{3 * 8 + 125 + 501 + 32:.1f} MiB")
-    assert lines[1].split() == ["501.0", "MiB", "=", "1", "x", "501.00", "MiB", "loss.py:77:chunks"]
+    assert lines[1].split() == ["501.000", "MiB", "=", "1", "x", "501.000", "MiB", "loss.py:77:chunks"]
     assert lines[2].split()[-3:] == ["loss.py:87:chunk", "<", "loss.py:80:chunks"]
     assert lines[3].endswith("no Python frame (autograd's engine)")
-    assert lines[4].split()[:5] == ["24.0", "MiB", "=", "3", "x"] and lines[4].endswith("model.py:20:forward")
+    assert lines[4].split()[:5] == ["24.000", "MiB", "=", "3", "x"] and lines[4].endswith("model.py:20:forward")
+    assert len(lines) == 5  # every group listed: no remainder line
+    # Past ``rows`` groups, the rest are totalled on one line.
+    short = memory_peak.breakdown((total, alive), rows=2).splitlines()
+    assert len(short) == 4 and short[3].split() == ["56.000", "MiB", "in", "4", "allocations", "of", "2", "smaller", "groups"]
 
 
 def test_a_span_that_allocates_nothing_has_no_peak():

@@ -72,15 +72,21 @@ def source(event: dict, depth: int = 3) -> str:
     return " < ".join(shown) or "no Python frame (autograd's engine)"
 
 
-def breakdown(peak: tuple[int, list[dict]], rows: int = 12) -> str:
-    """``peak_allocations``' result as lines: the total, then the largest (size, source) groups."""
+def breakdown(peak: tuple[int, list[dict]], rows: int = 24) -> str:
+    """``peak_allocations``' result as lines: the total, then the largest (size, source) groups,
+    then what the groups not listed hold together (two peaks a MiB apart differ down there)."""
     total, alive = peak
     groups: dict[tuple[int, str], list[int]] = collections.defaultdict(lambda: [0, 0])
     for event in alive:
         group = groups[(event["size"], source(event))]
         group[0] += 1
         group[1] += event["size"]
+    ranked = sorted(groups.items(), key=lambda item: -item[1][1])
     lines = [f"{total / 2**20:.1f} MiB allocated in the span at its peak; alive then, largest first:"]
-    for (size, where), (count, nbytes) in sorted(groups.items(), key=lambda item: -item[1][1])[:rows]:
-        lines.append(f"  {nbytes / 2**20:9.1f} MiB = {count:3d} x {size / 2**20:8.2f} MiB  {where}")
+    for (size, where), (count, nbytes) in ranked[:rows]:
+        lines.append(f"  {nbytes / 2**20:9.3f} MiB = {count:3d} x {size / 2**20:8.3f} MiB  {where}")
+    rest = ranked[rows:]
+    if rest:
+        count, nbytes = sum(c for _, (c, _) in rest), sum(b for _, (_, b) in rest)
+        lines.append(f"  {nbytes / 2**20:9.3f} MiB in {count} allocations of {len(rest)} smaller groups")
     return "\n".join(lines)
