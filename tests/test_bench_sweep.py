@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 from tileops.cli import main, sweep, sweep_report
 from tileops.cli.bench_report import Row
 from tileops.cli.peers import ABSENT, Peers
+from tileops.testing import workload_inputs
 
 import test_bench_peers
 
@@ -207,6 +209,34 @@ def test_a_strided_training_call_is_timed_end_to_end(cpu_training, calls):
     assert [tuple(t.shape) for t in timed[0][:1]] == [call.shape]  # the step's gradient of the first input
 
 
+def test_the_kernels_are_built_by_running_each_call_once_in_threads_before_the_timing(monkeypatch, calls):
+    small = [c for c in calls if c.dtype == torch.float32 and math.prod(c.shape) <= 1 << 16 and _timed_every_way(c)][:4]
+    assert len(small) == 4 and any(c.strided for c in small)
+    ran, threads, backwards = [], set(), []
+    for op_class in {c.op_class for c in small}:
+        original = op_class.__call__
+
+        def record(self, *args, _original=original, **kwargs):
+            ran.append(type(self).__name__)
+            threads.add(threading.current_thread().name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(op_class, "__call__", record)
+    original_grad = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: backwards.append(1) or original_grad(*a, **k))
+    broken = small[0].workload
+
+    def inputs_or_error(entry, workload, dtype, device, **options):
+        if workload is broken:  # this call fails; the others are built all the same
+            raise RuntimeError("no kernel for this")
+        return workload_inputs(entry, workload, dtype, device, **options)
+
+    monkeypatch.setattr(sweep, "workload_inputs", inputs_or_error)
+    sweep.build_kernels(small, backward=True, device="cpu", workers=2)
+    assert sorted(ran) == sorted(c.op_class.__name__ for c in small[1:]) and len(backwards) == 3
+    assert threads <= {f"tileops-sweep-build_{i}" for i in range(2)}
+
+
 def test_a_call_that_raises_gives_rows_that_say_so(monkeypatch, calls):
     from tileops.cli import bench
 
@@ -393,7 +423,10 @@ def test_the_whole_command_with_a_fake_gpu(capsys, monkeypatch):
     monkeypatch.setattr(bench, "machine", _facts)
     monkeypatch.setattr(bench, "copy_bandwidth_tb_s", lambda: 4.0)
     monkeypatch.setattr(sweep, "time_call", lambda call, **options: _fake_timer(call))
+    built = []
+    monkeypatch.setattr(sweep, "build_kernels", lambda calls, **options: built.append([c.index for c in calls]))
     code, out = run_cli(capsys, "bench", "--sweep", "24", "--seed", "5", "--no-compile")
+    assert built == [list(range(1, 25))]  # every call's kernels built before the timing
     assert code == 0, out
     assert "sweep: seed 5, 24 of 24 drawn calls" in out and "worst 10 calls:" in out
     assert "[24/24]" in out  # the progress line, on stderr

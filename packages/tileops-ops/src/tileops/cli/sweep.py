@@ -37,6 +37,7 @@ reported on another's, so that the sweep judges rules on shapes that did not sha
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import math
@@ -63,6 +64,8 @@ DEFAULT_SEED = 0
 #: The most bytes a drawn call's first input may hold, unless the family says otherwise: every
 #: side's buffers fit in GPU memory and the whole sweep in a few minutes.
 MAX_BYTES = 256 << 20
+#: Threads that build the drawn calls' kernels before the timing (``build_kernels``).
+BUILD_WORKERS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,6 +384,40 @@ def time_call(call: SweepCall, *, backward: bool, with_compile: bool, tune: bool
             ]
 
 
+def build_kernels(calls: list[SweepCall], *, backward: bool, device: str = "cuda", workers: int = BUILD_WORKERS) -> None:
+    """Run each call once (with ``backward``, a forward and its backward) in ``workers`` threads
+    before any is timed, so that the kernels of every drawn shape are built in parallel: a new
+    shape's TileLang build takes seconds, most of it in the CUDA compiler's own process, and a
+    sweep draws a hundred or more of them. A call that raises here is left to its timing, which
+    reports the error in its row."""
+
+    def run_once(call: SweepCall) -> None:
+        entry = call.op_class.manifest_entry()
+        op = call.op_class(**call.workload.params)
+        inputs = workload_inputs(entry, call.workload, call.dtype, device)
+        inputs.update({name: row_view(inputs[name]) for name in call.strided if name in inputs})
+        leaves = []
+        if backward:
+            leaves = [inputs[name] for name in entry.backward.grads if name in inputs]
+            for leaf in leaves:
+                leaf.requires_grad_(True)
+        with torch.set_grad_enabled(backward):
+            result = op(*[inputs.get(d.name) for d in entry.inputs])
+        results = result if isinstance(result, tuple) else (result,)
+        outputs = [out for out in results if isinstance(out, torch.Tensor) and out.requires_grad]
+        if outputs:
+            torch.autograd.grad(outputs, leaves, [torch.ones_like(out) for out in outputs], allow_unused=True)
+
+    def attempt(call: SweepCall) -> None:
+        with contextlib.suppress(Exception):
+            run_once(call)
+
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tileops-sweep-build") as pool:
+        list(pool.map(attempt, calls))
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_calls(calls: list[SweepCall], timer: Callable[[SweepCall], list[Row]], progress: bool = True) -> list[Row]:
     rows = []
     for call in calls:
@@ -470,6 +507,8 @@ def run(args) -> int:
     copy_tb_s = bench.copy_bandwidth_tb_s()
     others = Peers()
     options = {"backward": args.backward, "with_compile": not args.no_compile, "tune": args.tune, "others": others}
+    print(f"building the kernels of {len(calls)} calls ...", file=sys.stderr, flush=True)
+    build_kernels(calls, backward=args.backward)
     rows = time_calls(calls, lambda call: time_call(call, **options))
     seed = DEFAULT_SEED if args.seed is None else args.seed
     print(sweep_report.report(rows, calls, seed=seed, drawn=args.sweep, facts=facts, copy_tb_s=copy_tb_s, others=others,
