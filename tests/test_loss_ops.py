@@ -243,10 +243,10 @@ def test_a_classifier_trains_as_the_same_classifier_with_torch(compiled):
 def test_linear_cross_entropy_chunks_are_gemm_bound_within_the_memory_the_call_holds():
     from tileops.ops.loss.linear import GEMM_BOUND_ROWS, chunk_rows
 
-    # A 1.2B Llama's loss: 512-row chunks (their logits are 1/4 of the weight's gradient), not
-    # the 131 rows whose logits fit the hidden states' memory.
-    assert chunk_rows(8192, 2048, 128256) == GEMM_BOUND_ROWS == 512
-    assert chunk_rows(8192, 4096, 128256) == 512
+    # A 1.2B Llama's loss: 384-row chunks (the GEMM's ridge; a quarter of the weight's gradient
+    # would allow 512), not the 131 rows whose logits fit the hidden states' memory.
+    assert chunk_rows(8192, 2048, 128256) == GEMM_BOUND_ROWS == 384
+    assert chunk_rows(8192, 4096, 128256) == 384
     # A narrow model: a quarter of the weight gradient's memory is 224 rows of logits.
     assert chunk_rows(8192, 896, 151936) == 224
     # Many rows: the hidden states' memory allows more (131072 x 4096 hidden, 4186 rows of logits).

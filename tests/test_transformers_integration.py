@@ -268,6 +268,29 @@ def test_only_a_function_computing_the_ops_rotation_is_replaced():
     assert rotation_style(without_sin) is None
 
 
+def test_the_layers_of_one_forward_rotate_with_one_positions_tensor():
+    # Each layer's autograd node keeps the positions it rotated with: the layers of a forward
+    # (the same cos and sin tensors) share one contiguous tensor rather than a copy each.
+    from tileops.integrations.transformers.attention import _rotation
+
+    given = []
+
+    def op(q, k, cos, sin, positions):
+        given.append(positions)
+        return q, k
+
+    rotate = _rotation(op, original=None)
+    q, k = torch.randn(3, 4, 5, 8), torch.randn(3, 2, 5, 8)
+    cos, sin = torch.randn(1, 5, 8), torch.randn(1, 5, 8)
+    for _ in range(2):
+        rotate(q, k, cos, sin)
+    rotate(q[:2], k[:2], cos, sin)  # another batch size
+    rotate(q, k, cos.clone(), sin)  # the next forward's tables
+    first, again, smaller, next_forward = given
+    assert again is first and first.is_contiguous() and first.tolist() == [list(range(5))] * 3
+    assert smaller is not first and smaller.shape == (2, 5) and next_forward is not first
+
+
 def test_a_replacement_holds_the_replaced_modules_own_parameters():
     model = tiny_model("qwen3")
     weights = {name: module.weight for name, module in model.named_modules() if type(module).__name__ == "Qwen3RMSNorm"}

@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -282,13 +283,31 @@ def _rotation(op: RotaryEmbeddingFwdOp, original: Callable) -> Callable:
     position is its row there. A call the op cannot take (partial rotation, other shapes) goes to
     ``original``."""
 
+    # Every layer of a forward rotates with the same cos and sin tensors (the model computes them
+    # once), so the positions of the last call's tables serve the next: each layer's autograd
+    # node keeps the positions it was given, and a contiguous copy per layer (the op copies an
+    # expanded one) was 16 x 64 KiB of a 1.2B Llama's training step at its peak of memory.
+    last: list[tuple[weakref.ref, int, torch.Tensor] | None] = [None]
+
+    def positions_of(cos: torch.Tensor, batch: int) -> torch.Tensor:
+        rows, tokens = cos.shape[0], cos.shape[1]
+        positions = torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(batch, tokens)
+        if torch.compiler.is_compiling():  # the compiler plans the memory; no state in a traced function
+            return positions
+        held = last[0]
+        if held is not None and held[0]() is cos and held[1] == batch:
+            return held[2]
+        positions = positions.contiguous()
+        last[0] = (weakref.ref(cos), batch, positions)
+        return positions
+
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         heads_at = {1: 1, 2: 2, -3: 1, -2: 2}.get(unsqueeze_dim) if q.dim() == 4 else None
         if (heads_at is None or cos.dim() != 3 or cos.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]
                 or cos.shape[0] not in (1, q.shape[0])):
             return original(q, k, cos, sin, unsqueeze_dim)
         rows, tokens = cos.shape[0], cos.shape[1]
-        positions = torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(q.shape[0], tokens)
+        positions = positions_of(cos, q.shape[0])
         table_cos, table_sin = cos.reshape(rows * tokens, -1), sin.reshape(rows * tokens, -1)
         if heads_at == 2:
             return op(q, k, table_cos, table_sin, positions)

@@ -36,10 +36,13 @@ from .ops import _ReducedLossOp, check_targets
 #: Rows a chunk's weight-gradient GEMM needs to be bound by its multiply-adds, not by reading and
 #: writing the (V, H) gradient it accumulates into: 2 r V H flops against 2 V H itemsize bytes is
 #: r / itemsize flops a byte, and a Hopper GPU's ridge (cuBLAS bf16 at about 800 TFLOP/s over
-#: 3.35-4.8 TB/s of HBM) is 170-240 flops a byte: 480 rows in 16-bit types, 512 in whole 256-row
-#: GEMM tiles. H100, bf16, a 1.2B Llama's training step (V 128256, H 2048, 8192 tokens): chunks of
-#: 131 rows spent 57 ms of its 176 in the loss's GEMMs, about twice Liger-Kernel's 32 chunks of 256.
-GEMM_BOUND_ROWS = 512
+#: 3.35-4.8 TB/s of HBM) is 170-240 flops a byte: 340-480 rows in 16-bit types. 384 rows (three
+#: 128-row GEMM tiles) is the H200's ridge; on an H100 such a chunk's GEMM is a little short of it.
+#: H100, bf16, a 1.2B Llama's training step (V 128256, H 2048, 8192 tokens): chunks of 131 rows
+#: spent 57 ms of its 176 in the loss's GEMMs, about twice Liger-Kernel's 32 chunks of 256; with
+#: 512-row chunks the loss's forward, where one chunk's 125 MiB of logits join the weight's
+#: gradient, became the step's peak of memory, 30 MiB above Liger-Kernel's.
+GEMM_BOUND_ROWS = 384
 
 
 def chunk_rows(rows: int, hidden_size: int, vocab: int) -> int:
