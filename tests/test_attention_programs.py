@@ -49,7 +49,11 @@ def test_the_refusals_say_what_the_kernels_take():
 def test_the_tiles_fit_shared_memory_and_give_each_warpgroup_whole_wgmma_rows(head_dim):
     forward = policy.forward_config(head_dim)
     smem = (forward["block_m"] + 2 * forward["stages"] * forward["block_n"]) * head_dim * 2
-    assert smem <= policy.SMEM_BYTES and forward["block_m"] == 128 and forward["stages"] == 2
+    assert smem <= policy.SMEM_BYTES and forward["stages"] == 2
+    # 64 query rows per consumer warpgroup: three where their O, S and P leave registers spare
+    # (D = 64), else two.
+    consumers = 3 if head_dim == 64 else 2
+    assert forward["block_m"] == 64 * consumers and forward["threads"] == 128 * consumers
     backward = policy.backward_config(head_dim)
     n, m = backward["block_n"], backward["block_m"]
     smem = (3 * n * head_dim + 2 * n * m + 2 * backward["stages"] * m * head_dim) * 2

@@ -83,12 +83,12 @@ def _kernel(op, interface, dtype, head_dim, heads_q, heads_kv):
 
 
 def test_the_forward_maps_query_tiles_and_allocates_o_like_q_and_an_lse_of_heads_by_rows(launches):
-    kernel = _kernel(VarlenAttentionFwdOp(causal=True), VarlenAttentionFwdInterface, torch.bfloat16, 64, 4, 2)
-    q, k = torch.zeros(300, 4, 64, dtype=torch.bfloat16), torch.zeros(170, 2, 64, dtype=torch.bfloat16)
+    kernel = _kernel(VarlenAttentionFwdOp(causal=True), VarlenAttentionFwdInterface, torch.bfloat16, 128, 4, 2)
+    q, k = torch.zeros(300, 4, 128, dtype=torch.bfloat16), torch.zeros(170, 2, 128, dtype=torch.bfloat16)
     cu_q, cu_k = torch.tensor([0, 100, 100, 300], dtype=torch.int32), torch.tensor([0, 70, 90, 170], dtype=torch.int32)
     o, lse = kernel.forward(q, k, k, cu_q, cu_k)
     ((name, config, tensors),) = launches
-    assert name == "forward" and config == policy.forward_config(64)
+    assert name == "forward" and config == policy.forward_config(128) and config["block_m"] == 128
     assert all(a is b for a, b in zip(tensors[:5], (q, k, k, cu_q, cu_k))) and tensors[6] is o and tensors[7] is lse
     # 300 // 128 + 3 tiles: sequence 0's, the empty sequence 1's spare, then sequence 2's from tile 100 // 128 + 2
     assert tensors[5].tolist() == [0, 1, 2, 2, 2]

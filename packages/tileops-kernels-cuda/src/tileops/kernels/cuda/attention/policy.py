@@ -4,12 +4,17 @@ Flash attention is compute-bound: what matters is that every product is a wgmma 
 tensor cores take whole, that the next K and V tiles load (TMA) while the current ones are
 multiplied, and that the float32 accumulators fit the registers without spilling.
 
-- A wgmma's M is 64 rows per warpgroup; a block has two consumer warpgroups (256 threads; TileLang
-  adds a producer warpgroup for the loads), so a forward block takes ``block_m`` = 128 query
-  rows, each warpgroup 64 of them.
-- Registers: a consumer thread holds its share of O (block_m * D float32 over 256 threads, D / 2
-  registers) and of S (block_m * block_n / 256); the 240 a consumer may take fit D = 128 with
-  block_n = 128 and D = 256 with block_n = 64.
+- A wgmma's M is 64 rows per warpgroup; a forward block has two or three consumer warpgroups
+  (TileLang adds a producer warpgroup for the loads), each taking 64 query rows: ``block_m`` =
+  64 per consumer warpgroup.
+- Registers: a consumer thread holds its warpgroup's share of O (64 * D float32 over 128 threads,
+  D / 2 registers), of S (block_n / 2) and of P (16-bit pairs, block_n / 4). With two consumers
+  a thread may take 240 registers, which fit D = 128 with block_n = 128 and D = 256 with block_n
+  = 64; with three (four warpgroups in the SM's 64K registers) 160. Three consumers keep the
+  tensor cores busier while one warpgroup is in its softmax, where their accumulators leave 32
+  of those 160 for addresses and statistics: D = 64 (32 + 64 + 32). H100, bf16, 32/8
+  heads, forward kernel alone: D 64 at 4 x 2048, causal 264.0 -> 257.4 us, full 422.9 -> 380.3
+  us; D 128 (no room left: 64 + 64 + 32) causal 1261.3 -> 1216.0 us but full 1016.3 -> 1127.7.
 - Shared memory: Q (block_m * D) plus ``stages`` buffers of K and V (2 * block_n * D each), in
   2-byte elements, within the 227 KiB a block may use (228 KiB per SM, 1 KiB reserved); stages
   is the deepest of 2 and 1 that fits (2 for every head size served).
@@ -37,7 +42,8 @@ HEAD_DIMS = (64, 128, 256)
 #: The shared memory one block may use on Hopper: 228 KiB per SM, 1 KiB of it reserved per block.
 SMEM_BYTES = 227 * 1024
 _ELEMENT = 2  # bytes of a float16 or bfloat16 element
-_THREADS = 256  # two consumer warpgroups
+_WARPGROUP = 128  # threads
+_THREADS = 2 * _WARPGROUP  # two consumer warpgroups
 #: A wgmma's M per warpgroup: the rows of a tile one warpgroup multiplies.
 WGMMA_ROWS = 64
 #: The row kernels of the backward (delta, the dQ cast): 64 rows per block over 256 threads, so
@@ -58,19 +64,42 @@ def _stages(fixed: int, per_stage: int) -> int:
     return 2 if fixed + 2 * per_stage <= SMEM_BYTES else 1
 
 
+#: A consumer thread's registers beside the producer warpgroup's, by consumer warpgroups: TileLang
+#: gives two consumers 240 each, three 160 (and the producer 24) of the SM's 64512.
+_CONSUMER_REGISTERS = {2: 240, 3: 160}
+#: Registers a forward consumer thread needs beside its accumulators (addresses, statistics).
+_SPARE_REGISTERS = 32
+
+
+def _consumer_registers(head_dim: int, block_n: int) -> int:
+    """Registers a forward consumer thread's O, S and P take (float32 O and S, 16-bit P)."""
+    per_thread = WGMMA_ROWS / _WARPGROUP
+    return int(per_thread * head_dim + per_thread * block_n + per_thread * block_n / 2)
+
+
+def _fits(consumers: int, head_dim: int, block_n: int) -> bool:
+    """Whether ``consumers`` warpgroups' accumulators and spare registers fit a consumer thread."""
+    return _consumer_registers(head_dim, block_n) + _SPARE_REGISTERS <= _CONSUMER_REGISTERS[consumers]
+
+
 def forward_config(head_dim: int) -> dict[str, Any]:
-    block_m = 2 * WGMMA_ROWS
     block_n = 128 if head_dim <= 128 else 64
+    consumers = 3 if _fits(3, head_dim, block_n) else 2
+    block_m = consumers * WGMMA_ROWS
     stages = _stages(block_m * head_dim * _ELEMENT, 2 * block_n * head_dim * _ELEMENT)
-    return {"block_m": block_m, "block_n": block_n, "stages": stages, "threads": _THREADS}
+    return {"block_m": block_m, "block_n": block_n, "stages": stages, "threads": consumers * _WARPGROUP}
 
 
 def forward_candidates(head_dim: int) -> list[dict[str, Any]]:
-    """Forward configurations worth timing, the rules' first: one stage less, and half-width key tiles."""
+    """Forward configurations worth timing, the rules' first: one stage less, half-width key
+    tiles, and the other count of consumer warpgroups (two or three)."""
     default = forward_config(head_dim)
     candidates = [default, {**default, "stages": 1}]
     if default["block_n"] > 64:
         candidates.append({**default, "block_n": default["block_n"] // 2})
+    other = 2 if default["threads"] == 3 * _WARPGROUP else 3
+    if _fits(other, head_dim, default["block_n"]):
+        candidates.append({**default, "block_m": other * WGMMA_ROWS, "threads": other * _WARPGROUP})
     return candidates
 
 
