@@ -90,6 +90,33 @@ def test_the_kernel_gets_output_buffers_as_keywords_and_contiguous_inputs(record
     assert seen_x.is_contiguous() and seen_w is None and seen_out is out
 
 
+def test_a_target_gets_contiguous_inputs_where_the_in_tree_path_takes_stand_ins(scoped_registry):
+    # LinearCrossEntropyBwdOp reads only the shapes of hidden_states, weight and target_ids
+    # (access: shape): the in-tree path takes them as they come (an autograd node's one-element
+    # stand-ins), and a target is still handed contiguous tensors, as every input it reads.
+    from tileops.core import stand_in
+    from tileops.ops import LinearCrossEntropyBwdOp
+
+    seen = []
+
+    def build(*specs, **params):
+        def kernel(dloss, hidden_states, weight, bias, target_ids, grad_hidden, grad_weight, grad_bias):
+            seen.append((hidden_states, weight, target_ids))
+            return grad_hidden.mul_(dloss), grad_weight.mul_(dloss), grad_bias
+
+        return kernel
+
+    register_kernel_builder(op="LinearCrossEntropyBwdOp", target="probe", build_kernel=build)
+    hidden_states, weight, target_ids = torch.randn(6, 4), torch.randn(4, 10).t(), torch.arange(6)
+    grads = torch.ones(6, 4), torch.ones(10, 4)
+    results = LinearCrossEntropyBwdOp(target="probe")(torch.tensor(2.0), stand_in(hidden_states), weight, None,
+                                                      stand_in(target_ids), *grads)
+    ((h, w, t),) = seen
+    assert h.is_contiguous() and w.is_contiguous() and t.is_contiguous()
+    assert h.shape == (6, 4) and w.shape == (10, 4) and t.shape == (6,) and torch.equal(w, weight)
+    assert results[0] is grads[0] and torch.equal(results[1], torch.full((10, 4), 2.0))
+
+
 def test_a_target_without_a_builder_for_the_op_raises_op_not_available(recorder):
     op = LayerNormFwdOp(8, target="probe")
     with pytest.raises(OpNotAvailableError) as info:

@@ -371,11 +371,17 @@ class Op:
                 return (check(result, call, "forward") if self._check_results else result), saved
             result = self.forward(*call.inputs, **call.outs)
             return check(result, call, "forward") if self._check_results else result
-        key = (call.device, *[None if t is None else (t.dtype, t.shape) for t in call.inputs])
+        inputs = call.inputs
+        if self._signature.described_inputs:
+            # A target is promised contiguous inputs that are not written; one whose shape alone
+            # is read reaches the in-tree path as it came (an autograd node's stand-in).
+            inputs = tuple(t.contiguous() if i in self._signature.described_inputs and t is not None else t
+                           for i, t in enumerate(inputs))
+        key = (call.device, *[None if t is None else (t.dtype, t.shape) for t in inputs])
         kernel = self._target_kernels.get(key)
         if kernel is None:
             kernel = self._build_target_kernel(target, call, key)
-        result = check(kernel(*call.inputs, **call.outs), call, f"target {target!r}")
+        result = check(kernel(*inputs, **call.outs), call, f"target {target!r}")
         return result if wanted is None else (result, (None,) * len(self.differentiation.saves))
 
     def _bind_and_run(self, call: BoundCall, *, wanted: int | None) -> Any:

@@ -100,6 +100,8 @@ class Signature:
         self._exec_checks = {a.name: _ParamCheck(self.op, a, "execution argument") for a in entry.exec_args}
         self._first = entry.inputs[0].name
         self._written_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.written)
+        #: Inputs a call passes on with any strides (``access: shape``): the in-tree path never reads them.
+        self.described_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.described_only)
         self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
         self._single_output = len(entry.outputs) == 1
         self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
