@@ -286,9 +286,13 @@ def test_the_layers_of_one_forward_rotate_with_one_positions_tensor():
         rotate(q, k, cos, sin)
     rotate(q[:2], k[:2], cos, sin)  # another batch size
     rotate(q, k, cos.clone(), sin)  # the next forward's tables
-    first, again, smaller, next_forward = given
+    with torch.inference_mode():
+        rotate(q, k, cos, sin)
+    rotate(q, k, cos, sin)  # not the inference tensor, which a backward could not save
+    first, again, smaller, next_forward, inference, after = given
     assert again is first and first.is_contiguous() and first.tolist() == [list(range(5))] * 3
     assert smaller is not first and smaller.shape == (2, 5) and next_forward is not first
+    assert inference.is_inference() and not after.is_inference()
 
 
 def test_a_replacement_holds_the_replaced_modules_own_parameters():

@@ -287,18 +287,19 @@ def _rotation(op: RotaryEmbeddingFwdOp, original: Callable) -> Callable:
     # once), so the positions of the last call's tables serve the next: each layer's autograd
     # node keeps the positions it was given, and a contiguous copy per layer (the op copies an
     # expanded one) was 16 x 64 KiB of a 1.2B Llama's training step at its peak of memory.
-    last: list[tuple[weakref.ref, int, torch.Tensor] | None] = [None]
+    # The key holds the inference mode too: a tensor made under it cannot be saved for a backward.
+    last: list[tuple[weakref.ref, int, bool, torch.Tensor] | None] = [None]
 
     def positions_of(cos: torch.Tensor, batch: int) -> torch.Tensor:
         rows, tokens = cos.shape[0], cos.shape[1]
-        positions = torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(batch, tokens)
         if torch.compiler.is_compiling():  # the compiler plans the memory; no state in a traced function
-            return positions
+            return torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(batch, tokens)
+        inference = torch.is_inference_mode_enabled()
         held = last[0]
-        if held is not None and held[0]() is cos and held[1] == batch:
-            return held[2]
-        positions = positions.contiguous()
-        last[0] = (weakref.ref(cos), batch, positions)
+        if held is not None and held[0]() is cos and held[1:3] == (batch, inference):
+            return held[3]
+        positions = torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(batch, tokens).contiguous()
+        last[0] = (weakref.ref(cos), batch, inference, positions)
         return positions
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):

@@ -37,7 +37,7 @@ from .ops import _ReducedLossOp, check_targets
 #: writing the (V, H) gradient it accumulates into: 2 r V H flops against 2 V H itemsize bytes is
 #: r / itemsize flops a byte, and a Hopper GPU's ridge (cuBLAS bf16 at about 800 TFLOP/s over
 #: 3.35-4.8 TB/s of HBM) is 170-240 flops a byte: 340-480 rows in 16-bit types. 384 rows (three
-#: 128-row GEMM tiles) is the H200's ridge; on an H100 such a chunk's GEMM is a little short of it.
+#: 128-row GEMM tiles) are about the H200's ridge; on an H100 such a chunk's GEMM is a little short of it.
 #: H100, bf16, a 1.2B Llama's training step (V 128256, H 2048, 8192 tokens): chunks of 131 rows
 #: spent 57 ms of its 176 in the loss's GEMMs, about twice Liger-Kernel's 32 chunks of 256; with
 #: 512-row chunks the loss's forward, where one chunk's 125 MiB of logits join the weight's
