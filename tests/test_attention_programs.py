@@ -199,12 +199,15 @@ from tileops.kernels.cuda.attention import policy, programs
 from tileops.ops.attention import AttentionCall
 target = {"kind": "cuda", "arch": "sm_90"}
 device = torch.device("cuda", 0)
-# One build per program kind: the forward (GQA 32/8, D 128, causal, bf16), the backward's main
-# kernel at D 256 (split columns, window, fp16, bhsd) and D 128, and its two row kernels.
+# One build per program kind: the forward (GQA 32/8, D 128, causal, bf16; and D 64, whose blocks
+# have three consumer warpgroups), the backward's main kernel at D 256 (split columns, window,
+# fp16, bhsd) and D 128, and its two row kernels.
 fwd = AttentionCall(device, torch.bfloat16, 128, 32, 8, True, None, 128 ** -0.5, "bshd")
+narrow = AttentionCall(device, torch.bfloat16, 64, 32, 8, False, None, 0.125, "bshd")
 wide = AttentionCall(device, torch.float16, 256, 8, 8, False, 64, 0.0625, "bhsd")
 for name, build in [
     ("forward", lambda: programs.compile_forward(fwd, target, **policy.forward_config(128))),
+    ("forward_three_warpgroups", lambda: programs.compile_forward(narrow, target, **policy.forward_config(64))),
     ("bwd_main", lambda: programs.compile_bwd_main(fwd, target, **policy.backward_config(128))),
     ("bwd_main_split", lambda: programs.compile_bwd_main(wide, target, **policy.backward_config(256))),
     ("bwd_pre", lambda: programs.compile_bwd_pre(wide, target, **policy.ROWS_KERNEL)),
@@ -223,6 +226,7 @@ def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_pat
     # name, wgmma, TMA loads, atomics
     assert lines == [
         ["forward", "True", "True", "False"],
+        ["forward_three_warpgroups", "True", "True", "False"],
         ["bwd_main", "True", "True", "True"],
         ["bwd_main_split", "True", "True", "True"],
         ["bwd_pre", "False", "False", "False"],
