@@ -44,15 +44,24 @@ def backward_of(op_class) -> tuple[OpEntry, type | None]:
     return load_manifest(op_class.manifest_file)[name], call_flags.op_classes().get(name)
 
 
-def _outputs(result: Any) -> tuple:
+def outputs_of(result: Any) -> tuple:
     return result if isinstance(result, tuple) else (result,)
 
 
 def _differentiable_outputs(result: Any, grads: Sequence[torch.Tensor]) -> tuple[list, list]:
-    pairs = [(out, grad) for out, grad in zip(_outputs(result), grads) if isinstance(out, torch.Tensor) and out.requires_grad]
+    pairs = [(out, grad) for out, grad in zip(outputs_of(result), grads) if isinstance(out, torch.Tensor) and out.requires_grad]
     if not pairs:
         raise RuntimeError("no output requires grad: the call recorded no autograd history")
     return [out for out, _ in pairs], [grad for _, grad in pairs]
+
+
+def differentiable_leaves(entry: OpEntry, inputs: dict) -> list[torch.Tensor]:
+    """The inputs a training step differentiates (those the manifest's ``backward.grads`` name
+    that the call has), set to require grad."""
+    leaves = [inputs[name] for name in entry.backward.grads if name in inputs]
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    return leaves
 
 
 def training_step(forward: Callable[[], Any], leaves: list[torch.Tensor], grads: list[torch.Tensor]) -> Callable[[], Any]:
@@ -162,12 +171,10 @@ def bench_training(
     op = op_class(**workload.params)
     params = dict(op.params)
     inputs = workload_inputs(entry, workload, dtype, DEVICE)
-    leaves = [inputs[name] for name in entry.backward.grads if name in inputs]
-    for leaf in leaves:
-        leaf.requires_grad_(True)
+    leaves = differentiable_leaves(entry, inputs)
     arguments = [inputs.get(d.name) for d in entry.inputs]
     with torch.no_grad():
-        outputs = _outputs(op(*arguments))
+        outputs = outputs_of(op(*arguments))
     grads = [torch.randn_like(out) for out in outputs]
     shape = "x".join(str(d) for d in inputs[entry.inputs[0].name].shape)
     rows = {
@@ -191,7 +198,7 @@ def bench_training(
     else:
         backward_op = backward_class(**workload.params)
         try:
-            backward_outputs = _outputs(backward_op(*backward_arguments))
+            backward_outputs = outputs_of(backward_op(*backward_arguments))
             if tune:
                 backward_op.request_tune()
         except Exception as error:  # noqa: BLE001 - shown in the table

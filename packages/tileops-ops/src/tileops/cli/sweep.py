@@ -337,6 +337,12 @@ def check(call: SweepCall) -> None:
         raise UsageError(f"sweep call {call.workload.name} ({call.op_class.__name__}): {error}") from None
 
 
+def with_row_views(call: SweepCall, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``inputs`` (the call's workload's) with those the call passes strided as row views."""
+    inputs.update({name: row_view(inputs[name]) for name in call.strided if name in inputs})
+    return inputs
+
+
 @contextlib.contextmanager
 def strided_inputs(call: SweepCall) -> Iterator[None]:
     """While it lasts, the bench's timing functions build ``call``'s inputs with the strided ones
@@ -348,9 +354,7 @@ def strided_inputs(call: SweepCall) -> Iterator[None]:
 
     def build(entry, workload, dtype, device, **options):
         inputs = workload_inputs(entry, workload, dtype, device, **options)
-        if workload is call.workload:
-            inputs.update({name: row_view(inputs[name]) for name in call.strided if name in inputs})
-        return inputs
+        return with_row_views(call, inputs) if workload is call.workload else inputs
 
     modules = (bench, bench_training)
     saved = [module.workload_inputs for module in modules]
@@ -394,17 +398,11 @@ def build_kernels(calls: list[SweepCall], *, backward: bool, device: str = "cuda
     def run_once(call: SweepCall) -> None:
         entry = call.op_class.manifest_entry()
         op = call.op_class(**call.workload.params)
-        inputs = workload_inputs(entry, call.workload, call.dtype, device)
-        inputs.update({name: row_view(inputs[name]) for name in call.strided if name in inputs})
-        leaves = []
-        if backward:
-            leaves = [inputs[name] for name in entry.backward.grads if name in inputs]
-            for leaf in leaves:
-                leaf.requires_grad_(True)
+        inputs = with_row_views(call, workload_inputs(entry, call.workload, call.dtype, device))
+        leaves = bench_training.differentiable_leaves(entry, inputs) if backward else []
         with torch.set_grad_enabled(backward):
             result = op(*[inputs.get(d.name) for d in entry.inputs])
-        results = result if isinstance(result, tuple) else (result,)
-        outputs = [out for out in results if isinstance(out, torch.Tensor) and out.requires_grad]
+        outputs = [out for out in bench_training.outputs_of(result) if isinstance(out, torch.Tensor) and out.requires_grad]
         if outputs:
             torch.autograd.grad(outputs, leaves, [torch.ones_like(out) for out in outputs], allow_unused=True)
 
