@@ -220,3 +220,24 @@ def test_tuning_candidates_compile_in_parallel_threads(tmp_path):
     result = run_python(PARALLEL_COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.split()[-1] == "4", result.stdout
+
+
+ROW_VIEWS = """
+import torch
+from tileops.kernels.cuda.norm import policy, programs
+target = {"kind": "cuda", "arch": "sm_90"}
+# x and the residual at pitches of their own: every row start a multiple of the 16-byte vector,
+# so the loads stay 16-byte vectors at the pitch (a fused projection's third, a padded buffer).
+config = policy.launch_config("add_rms_norm", "register", 4096, torch.bfloat16)
+source = programs.compile_config("add_rms_norm", 4096, torch.bfloat16, 1e-6, True, False, target,
+                                 row_strides=(3 * 4096, 4096 + 64), **config).get_kernel_source()
+loads = [line for line in source.splitlines() if "*(uint4*)(x + " in line or "*(uint4*)(r + " in line]
+assert any("12288" in line for line in loads) and any("4160" in line for line in loads), loads
+print("compiled row views")
+"""
+
+
+def test_a_build_for_row_views_reads_them_at_their_pitch_in_16_byte_vectors(tmp_path):
+    result = run_python(ROW_VIEWS, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "compiled row views" in result.stdout, result.stdout[-2000:]

@@ -329,3 +329,36 @@ def test_calls_run_on_the_callers_current_stream():
         y = op(x, w)  # on another stream it would run at once, on the zeros
     torch.cuda.synchronize()
     torch.testing.assert_close(y, _reference_rms_norm(source, w), atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("n", [256, 1000, 1001, 4096, 16384, 131072], ids=lambda n: f"n{n}")
+def test_row_views_are_read_where_they_lie_and_give_the_contiguous_results(n, dtype):
+    # x and residual sliced from wider rows (a fused projection's third, a padded buffer): each
+    # variant reads them at their pitch, uncopied, and computes what it computes on copies. The
+    # sizes reach every variant, as in the test above; 130 rows take the few-row builds, 1100 not.
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    atol, rtol = TOLERANCE[dtype]
+    for rows in (130, 1100) if n < 65536 else (3,):
+        wide = torch.randn(2, rows // 2, 3 * n, device="cuda", dtype=dtype)
+        x, r = wide[..., n:2 * n], torch.randn(2, rows // 2, n + 64, device="cuda", dtype=dtype)[..., 32:n + 32]
+        ops = RMSNormFwdOp(n), LayerNormFwdOp(n), FusedAddRMSNormFwdOp(n), FusedAddLayerNormFwdOp(n)
+        views = [ops[0](x, w), ops[1](x, w, b), *ops[2](x, r, w), *ops[3](x, r, w, b)]
+        xc, rc = x.contiguous(), r.contiguous()
+        copies = [ops[0](xc, w), ops[1](xc, w, b), *ops[2](xc, rc, w), *ops[3](xc, rc, w, b)]
+        for got, want in zip(views, copies):
+            assert got.shape == x.shape and got.is_contiguous()
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(views[0], _reference_rms_norm(x, w), atol=atol, rtol=rtol)
+        torch.testing.assert_close(views[4], _reference_layer_norm(x + r, w, b), atol=atol, rtol=rtol)
+        for op, pitches in zip(ops, [(3 * n,), (3 * n,), (3 * n, n + 64), (3 * n, n + 64)]):
+            assert any(kernel.params.row_strides == pitches for _, kernel in op.built_kernels()), op
+
+
+def test_a_row_view_whose_pitch_is_off_the_vector_grid_is_served_by_the_scalar_variant():
+    n, dtype = 4096, torch.bfloat16
+    x = torch.randn(5, n + 4, device="cuda", dtype=dtype)[:, :n]  # rows 8200 bytes apart
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    op = RMSNormFwdOp(n)
+    torch.testing.assert_close(op(x, w), _reference_rms_norm(x, w), atol=1.6e-2, rtol=1.6e-2)
+    assert [key for key, kernel in op.built_kernels() if kernel.params.row_strides] == ["rms_norm_scalar"]

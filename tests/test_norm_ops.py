@@ -110,3 +110,100 @@ def test_call_specs_describes_a_call_as_its_forward_builds_the_spec(op_class, al
         assert built[0].aligned is True
         on_gpu = {name: dataclasses.replace(d, device=torch.device("cuda", 0)) for name, d in described.items()}
         assert op.call_specs(torch.device("cuda", 0), on_gpu)[interface].aligned is aligned, omitted
+
+
+# -- row views: x and residual sliced from wider rows reach the kernel uncopied ------------------
+
+ROW_VIEW_OPS = [
+    (RMSNormFwdOp, False, {}),
+    (LayerNormFwdOp, False, {}),
+    (FusedAddRMSNormFwdOp, True, {}),
+    (FusedAddLayerNormFwdOp, True, {}),
+]
+
+
+@pytest.mark.parametrize(("op_class", "fused", "_"), ROW_VIEW_OPS, ids=[c[0].__name__ for c in ROW_VIEW_OPS])
+@pytest.mark.parametrize("leading", [(6,), (2, 3)], ids=["2d", "3d"])
+def test_slices_of_wider_rows_give_what_their_contiguous_copies_give(op_class, fused, _, leading):
+    n = 40
+    qkv = torch.randn(*leading, 3 * n)
+    x, residual = qkv[..., n:2 * n], torch.randn(*leading, n + 7)[..., 7:]
+    weight = torch.randn(n)
+    op = op_class(n)
+    args = (x, residual, weight) if fused else (x, weight)
+    expected = op(*(a.contiguous() for a in args))
+    got = op(*args)
+    for g, e in zip(got if fused else (got,), expected if fused else (expected,)):
+        assert g.shape == e.shape and g.is_contiguous()
+        torch.testing.assert_close(g, e, atol=0, rtol=0)
+
+
+def _row_view_spy(interface, takes_row_views, seen):
+    from tileops.backend import Kernel
+
+    class Spy(Kernel, interface):
+        devices = frozenset({"cpu"})
+
+        @classmethod
+        def entry_for(cls, call):
+            seen.append(("spec", call))
+            return call, cls
+
+        def forward(self, x, residual, weight):
+            seen.append(("tensors", x, residual))
+            return torch.zeros_like(x, memory_format=torch.contiguous_format), x + residual
+
+    Spy.takes_row_views = takes_row_views
+    return Spy
+
+
+@pytest.mark.parametrize("takes_row_views", [True, False])
+def test_a_kernel_gets_row_views_at_their_pitch_only_where_it_takes_them(scoped_registry, takes_row_views):
+    from tileops.backend import register_kernel_type
+    from tileops.ops.norm import FusedAddRMSNormFwdInterface
+
+    seen = []
+    register_kernel_type(
+        "FusedAddRMSNormFwdOp", "spy", _row_view_spy(FusedAddRMSNormFwdInterface, takes_row_views, seen)
+    )
+    n = 16
+    x, residual = torch.randn(2, 3, 3 * n)[..., :n], torch.randn(2, 3, 2 * n)[..., n:]
+    _, total = FusedAddRMSNormFwdOp(n)(x, residual)
+    (_, spec), (_, got_x, got_residual) = seen
+    assert spec.row_strides == (3 * n, 2 * n)
+    assert got_x.shape == got_residual.shape == (6, n)
+    if takes_row_views:  # views of the caller's memory, not copies
+        assert got_x.data_ptr() == x.data_ptr() and got_x.stride() == (3 * n, 1)
+        assert got_residual.data_ptr() == residual.data_ptr() and got_residual.stride() == (2 * n, 1)
+    else:
+        assert got_x.is_contiguous() and got_residual.is_contiguous() and got_x.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(total, x + residual)
+
+
+def test_a_contiguous_call_keeps_the_spec_without_row_strides(scoped_registry):
+    from tileops.backend import register_kernel_type
+    from tileops.ops.norm import FusedAddRMSNormFwdInterface
+
+    seen = []
+    register_kernel_type("FusedAddRMSNormFwdOp", "spy", _row_view_spy(FusedAddRMSNormFwdInterface, True, seen))
+    FusedAddRMSNormFwdOp(16)(torch.randn(6, 16), torch.randn(6, 16))
+    (_, spec), _ = seen
+    assert spec.row_strides is None
+
+
+def test_gradients_reach_the_wider_tensor_a_row_view_was_sliced_from():
+    n = 24
+    qkv = torch.randn(5, 3 * n, dtype=torch.float64, requires_grad=True)
+    residual = torch.randn(5, n, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(n, dtype=torch.float64, requires_grad=True)
+    y, total = FusedAddRMSNormFwdOp(n)(qkv[:, n:2 * n], residual, weight)
+    (y.sum() + total.square().sum()).backward()
+    got = qkv.grad.clone(), residual.grad.clone(), weight.grad.clone()
+    for t in (qkv, residual, weight):
+        t.grad = None
+    x = qkv[:, n:2 * n]
+    s = x + residual
+    (F.rms_norm(s, (n,), weight, torch.finfo(torch.float64).eps).sum() + s.square().sum()).backward()
+    for g, e in zip(got, (qkv.grad, residual.grad, weight.grad)):
+        torch.testing.assert_close(g, e)
+    assert not got[0][:, :n].any() and not got[0][:, 2 * n:].any()

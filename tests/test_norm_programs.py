@@ -626,3 +626,15 @@ def test_one_saving_build_per_kind_compiles_for_sm90(tmp_path):
     # The layer norms store a mean of its own product, so that y keeps the plain build's roundings.
     assert lines == ["rms_norm False True 1 0 False", "layer_norm True True 1 1 True", "add_rms_norm False True 1 0 False",
                      "add_layer_norm True True 1 1 True"], result.stdout[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("kind", "row_strides", "leading"),
+    [("rms_norm", (4096, 4096), 1), ("add_rms_norm", (8192,), 1), ("rms_norm", (4000,), 1),
+     ("rms_norm", (8196,), 1), ("rms_norm", (8192,), 2)],
+    ids=["two-pitches-for-one-input", "one-pitch-for-two", "shorter-than-a-row", "off-the-vector-grid", "two-leading-dims"],
+)
+def test_a_program_refuses_row_strides_it_cannot_read(kind, row_strides, leading):
+    config = {**policy.launch_config(kind, "register", 4096, torch.bfloat16), "leading": leading}
+    with pytest.raises(ValueError, match="one pitch per row input"):
+        programs.make_program(kind, 4096, torch.bfloat16, 1e-6, True, False, row_strides=row_strides, **config)

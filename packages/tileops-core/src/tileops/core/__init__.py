@@ -13,6 +13,8 @@ Public here, and stable across releases:
   op computes a statistic its forward did not save);
 - ``stand_in``: what autograd passes for an ``access: shape`` input, a one-element view of its
   shape (``tileops.testing`` passes it to the op under test too);
+- ``is_row_view``, ``row_pitch``: the layout of an input a manifest declares ``row_views`` (dense
+  rows at a pitch), as an op hands it to a kernel that takes it;
 - ``shown``: a value quoted for an error message, cut to a bounded length (a message about a
   file quotes what it found there, which can be any size);
 - the errors: ``TileOpsError`` and its subclasses.
@@ -38,6 +40,7 @@ from .kernel import CallSpec, Kernel, KernelInterface
 from .manifest.quoting import shown
 from .op import Op
 from .registry import BUILTIN
+from .row_views import is_row_view, row_pitch
 from .timing import gpu_time_us
 
 __all__ = [
@@ -58,6 +61,8 @@ __all__ = [
     "derive_input",
     "facts_for",
     "gpu_time_us",
+    "is_row_view",
+    "row_pitch",
     "shown",
     "stand_in",
 ]

@@ -1,8 +1,8 @@
 """The generated call path of an op instance: its checks, dispatch and result checks.
 
 For one op entry and one set of params, Python source is written once that accepts only the
-common case (every tensor present as declared, a torch.Tensor, contiguous, on the call's
-device, with the declared dtype and shape, output buffers that fit and share no memory with
+common case (every tensor present as declared, a torch.Tensor, contiguous or a declared row
+view, on the call's device, with the declared dtype and shape, output buffers that fit and share no memory with
 another tensor of the call, no torch.func transform active), runs the op's forward (or
 hands the checked call to the op's ``run_bound``, or, for a call that must record autograd
 history, to its ``differentiate``) and checks the result inline. Anything else, including a
@@ -27,6 +27,7 @@ from .manifest.entries import OpEntry, TensorDecl
 from .manifest.expressions import FUNCTIONS
 from .manifest.overlap import overlapping
 from .manifest.shapes import PatternEntry
+from .row_views import is_row_view
 
 
 class _Writer:
@@ -46,6 +47,12 @@ class _Writer:
     def emit(self, line: str, indent: int) -> None:
         """A line of the call path's body at ``indent`` levels inside its ``while`` block."""
         self.lines.append("    " * (indent + 2) + line)
+
+    def row_width(self, decl: TensorDecl) -> int | None:
+        """How many trailing dimensions make a row of ``decl`` (declared ``row_views``), where the
+        params alone say; else None."""
+        pattern = decl.shape if decl.shape is not None else self.entry.input(decl.shape_same_as).shape
+        return pattern.row_width(self.params.get)
 
     def shape_checks(self, decl: TensorDecl, shape_var: str, indent: int) -> None:
         pattern = decl.shape
@@ -242,8 +249,13 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
             w.emit(f"if {t}.device != _dev: break", indent)
         # An mkldnn tensor says it is contiguous: its layout tells it apart. An input whose
         # shape alone is read may be any strided view (autograd passes a one-element stand-in).
+        # A row view passes where its row's width is known from the params alone; otherwise the
+        # reference bind, which knows the call's dimensions, decides.
+        row_width = w.row_width(decl) if decl.row_views else None
         if decl.described_only:
             w.emit(f"if {t}.layout is not _strided: break", indent)
+        elif row_width:
+            w.emit(f"if {t}.layout is not _strided or not ({t}.is_contiguous() or _row_view({t}, {row_width})): break", indent)
         else:
             w.emit(f"if not {t}.is_contiguous() or {t}.layout is not _strided: break", indent)
     if entry.backward is not None:
@@ -363,6 +375,7 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         "_CallDeclined": CallDeclined,
         "_Tensor": torch.Tensor,
         "_strided": torch.strided,
+        "_row_view": is_row_view,
         "torch": torch,
         "_BoundCall": BoundCall,
         "_check_result": signature.check_result,

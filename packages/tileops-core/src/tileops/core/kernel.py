@@ -81,6 +81,11 @@ class KernelInterface(abc.ABC):
     #: without views: each costs about a microsecond of host time, a third of a small CPU
     #: call's budget. Each interface states what its tensors' own shape is.
     takes_any_shape: ClassVar[bool] = False
+    #: An implementation sets it True when ``forward`` reads the inputs its op declares
+    #: ``row_views`` as row views (``tileops.core.row_views``: dense rows at a pitch, a slice of
+    #: a wider tensor) as well as contiguous; every other one receives them contiguous, the op
+    #: copying a row view first. Each interface says which of its tensors may come so.
+    takes_row_views: ClassVar[bool] = False
 
     @abc.abstractmethod
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -372,10 +372,10 @@ class Op:
             result = self.forward(*call.inputs, **call.outs)
             return check(result, call, "forward") if self._check_results else result
         inputs = call.inputs
-        if self._signature.described_inputs:
+        if self._signature.uncopied_inputs:
             # A target is promised contiguous inputs that are not written; one whose shape alone
-            # is read reaches the in-tree path as it came (an autograd node's stand-in).
-            inputs = tuple(t.contiguous() if i in self._signature.described_inputs and t is not None else t
+            # is read (an autograd node's stand-in), or a row view, reaches the in-tree path as it came.
+            inputs = tuple(t.contiguous() if i in self._signature.uncopied_inputs and t is not None else t
                            for i, t in enumerate(inputs))
         key = (call.device, *[None if t is None else (t.dtype, t.shape) for t in inputs])
         kernel = self._target_kernels.get(key)

@@ -52,6 +52,9 @@ class TensorDecl:
     optional: bool = False
     cpu: bool = False
     contiguous: bool = False
+    #: inputs that are read: a row view (``tileops.core.row_views``; the row is what the shape
+    #: pattern names after its leading ``...``) reaches the in-tree implementations uncopied
+    row_views: bool = False
     access: str = "read"
     aliases: str | None = None  # outputs: the written input this output returns
     out: str | None = None  # outputs: keyword of a caller buffer to fill

@@ -140,7 +140,7 @@ def _tensor(
     dtype_params: set[str] = frozenset(),
 ) -> TensorDecl:
     common = {"dtype", "shape", "doc"}
-    allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "access", "derive"})
+    allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "row_views", "access", "derive"})
     aliased = output and isinstance(value, dict) and "aliases" in value
     spec = _mapping(value, where, allowed, set() if aliased else {"dtype", "shape"})
     fields: dict[str, Any] = {"name": name, "doc": _str(spec.get("doc", ""), where.at("doc"))}
@@ -196,7 +196,26 @@ def _tensor(
                 "only written inputs declare contiguous: inputs that are read are always made contiguous, "
                 "and the layout of one whose shape alone is read (access: shape) does not matter"
             )
+        fields["row_views"] = _bool(spec.get("row_views", False), where.at("row_views"))
+        if fields["row_views"]:
+            _check_row_views(fields, access, where.at("row_views"), inputs, shape_params)
     return TensorDecl(**fields)
+
+
+def _check_row_views(fields: dict, access: str, where: _Where, inputs: dict, shape_params: set[str]) -> None:
+    """Refuse ``row_views: true`` where it means nothing: on an input that is not only read, or
+    whose shape (its own or the one it follows) does not begin with ``...`` and name a row after it."""
+    if access != "read":
+        raise where.error(
+            f"is for inputs that are read (access: read), not access: {access}: a written input is passed as it "
+            "comes, and the values of one whose shape alone is read are never read"
+        )
+    pattern = fields["shape"] if fields["shape_same_as"] is None else inputs[fields["shape_same_as"]].shape
+    if pattern is None or pattern.row_width(lambda name: () if name in shape_params else None) is None:
+        raise where.error(
+            f"needs a shape that begins with '...' and names the row after it, got {pattern}: the row is "
+            "what follows the leading dimensions"
+        )
 
 
 def _param(name: str, value: Any, where: _Where) -> ParamDecl:

@@ -102,6 +102,15 @@ class ShapePattern:
             widths.append(None if sizes is None else len(sizes))
         return tuple(widths)
 
+    def row_width(self, group_sizes: Callable[[str], Sequence[int] | None]) -> int | None:
+        """How many trailing dimensions a row covers in a pattern that begins with ``...``: the
+        width of every later entry (``widths``), or None where the pattern does not begin with
+        ``...``, names nothing after it, or has a later group ``group_sizes`` does not know."""
+        if not self.entries or not self.entries[0].group or self.entries[0].name is not None or len(self.entries) < 2:
+            return None
+        later = self.widths(group_sizes)[1:]
+        return None if None in later else sum(later)
+
     @staticmethod
     def arity(widths: Sequence[int | None]) -> tuple[int, int | None]:
         """(the dimensions the entries of known width cover, the position of the free group or

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import OpArgumentError
+from ..row_views import is_row_view
 from .entries import OpEntry, ParamDecl, TensorDecl, param_value
 from .overlap import overlapping
 from .quoting import shown
@@ -23,9 +24,10 @@ from .shapes import given
 
 
 class BoundCall:
-    """One checked call: its inputs (read-only ones made contiguous), the keywords the caller
-    passed for implementations (output buffers and execution arguments, in ``outs``), the
-    call's device, the bound dimensions and the outputs' shapes and dtypes."""
+    """One checked call: its inputs (read-only ones made contiguous, except row views where
+    declared and inputs whose shape alone is read), the keywords the caller passed for
+    implementations (output buffers and execution arguments, in ``outs``), the call's device,
+    the bound dimensions and the outputs' shapes and dtypes."""
 
     __slots__ = ("inputs", "outs", "device", "dims", "output_shapes", "output_dtypes")
 
@@ -100,8 +102,10 @@ class Signature:
         self._exec_checks = {a.name: _ParamCheck(self.op, a, "execution argument") for a in entry.exec_args}
         self._first = entry.inputs[0].name
         self._written_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.written)
-        #: Inputs a call passes on with any strides (``access: shape``): the in-tree path never reads them.
-        self.described_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.described_only)
+        #: Read inputs a call may pass on without making them contiguous: any strides where only
+        #: the shape is read (``access: shape``), row views where declared (``row_views``). A
+        #: target still receives them contiguous.
+        self.uncopied_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.described_only or t.row_views)
         self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
         self._single_output = len(entry.outputs) == 1
         self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
@@ -205,7 +209,7 @@ class Signature:
             if decl.described_only:  # its values are never read: a copy would only cost memory
                 pass
             elif not decl.written:
-                if not tensor.is_contiguous():
+                if not tensor.is_contiguous() and not (decl.row_views and self._row_view(decl, tensor, dims, scope)):
                     values[i] = tensor.contiguous()
             elif decl.contiguous and not tensor.is_contiguous():
                 raise OpArgumentError(
@@ -387,6 +391,13 @@ class Signature:
                 f"{self.op}: argument {decl.name!r} expected shape {decl.shape}"
                 f"{decl.shape.bindings_text(dims, scope)}, got {shape}: {problem}"
             )
+
+    def _row_view(self, decl: TensorDecl, tensor: torch.Tensor, dims: dict, scope) -> bool:
+        """Whether ``tensor``, matched to ``decl`` (``row_views``), is a row view of its rows: the
+        dimensions its shape pattern (or the one it follows) names after the leading ``...``."""
+        pattern = decl.shape if decl.shape is not None else self.entry.input(decl.shape_same_as).shape
+        rank = pattern.row_width(lambda name: given(name, dims, scope))
+        return bool(rank) and is_row_view(tensor, rank)
 
     def _check_call_constraints(self, params: Mapping[str, Any], dims: dict) -> None:
         namespace = None

@@ -33,6 +33,7 @@ class _TorchNorm(Kernel):
     devices = frozenset({"cpu"})
     general = True
     takes_any_shape = True  # every function below works on the last dimension of any rank
+    takes_row_views = True  # and on any strides (torch's own kernels copy where they need to)
 
     def __init__(self, n: int, eps: float) -> None:
         super().__init__()

@@ -8,6 +8,12 @@ sets ``takes_any_shape = True``: when ``normalized_shape`` has one dimension, it
 (and residual) as the caller passed them, (..., n) with any number of leading dimensions (the
 statistics of shape (...)), and returns outputs of that shape.
 
+Row views. The forward ops take x and residual as row views uncopied (the manifest's
+``row_views``): a forward implementation that sets ``takes_row_views = True`` receives such a
+call's x and residual as (m, n) views whose rows are ``row_strides`` elements apart (a pitch
+of n: contiguous), the call spec saying so; any other receives contiguous copies. Results are
+always new contiguous tensors.
+
 Saved statistics. A forward that is differentiated is called through ``forward_saving``: its
 result and the per-row statistics its backward reads (``rstd``, and ``mean`` for LayerNorm), of
 shape (m,) in float32 (float64 for float64 inputs), computed by the same pass. The default
@@ -31,10 +37,11 @@ class NormCall(CallSpec):
     """The facts of one normalization call that select and build its kernel.
 
     ``n`` is the row length, ``eps`` the value actually used (torch's default already
-    resolved), ``aligned`` whether every tensor's data pointer is 16-byte aligned (vectorised
+    resolved), ``aligned`` whether every row the kernel reads starts 16-byte aligned (vectorised
     kernels refuse unaligned calls; always True on the CPU, whose vector loads take any
-    address). The batch size is not part of the spec, so a new batch size reuses the kernel
-    already chosen.
+    address). ``row_strides``: None where x (and residual) are contiguous, else the pitch of
+    each, in elements, for a forward call with a row view among them. The batch size is not
+    part of the spec, so a new batch size reuses the kernel already chosen.
     """
 
     n: int
@@ -43,6 +50,7 @@ class NormCall(CallSpec):
     has_weight: bool
     has_bias: bool
     aligned: bool
+    row_strides: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

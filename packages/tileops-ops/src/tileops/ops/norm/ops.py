@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tileops.core import Op, derive_input
+from tileops.core import Op, derive_input, row_pitch
 
 from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS
@@ -54,11 +54,11 @@ class _NormOp(Op):
             for dtype in self.manifest_entry().inputs[0].dtypes
         }
 
-    def call_spec(self, interface, device, dtype, has_weight, has_bias, aligned):
-        """The call spec ``kernel_for(interface, device, dtype, has_weight, has_bias, aligned)``
-        stands for: the forwards pass only what varies between calls; ``n`` and ``eps`` are the
-        instance's."""
-        return interface.call_spec(device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned)
+    def call_spec(self, interface, device, dtype, has_weight, has_bias, aligned, row_strides=None):
+        """The call spec ``kernel_for(interface, device, dtype, has_weight, has_bias, aligned[,
+        row_strides])`` stands for: the forwards pass only what varies between calls; ``n`` and
+        ``eps`` are the instance's."""
+        return interface.call_spec(device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides)
 
     def _select(self, interface, has_weight: bool, has_bias: bool, first: torch.Tensor, *vectors: torch.Tensor | None):
         """The implementation of ``interface`` serving a call whose rows are ``first``'s, with
@@ -69,6 +69,23 @@ class _NormOp(Op):
         call's: the two method calls cost 0.22 us of the op layer's 3 us budget on a CPU call."""
         device, dtype = first.device, first.dtype
         return self.kernel_for(interface, device, dtype, has_weight, has_bias, vector_ready(device, 0, dtype, first, *vectors))
+
+    def _select_rows(self, interface, has_weight: bool, has_bias: bool, row_inputs: tuple, *vectors):
+        """``(kernel, row_inputs as it takes them)`` for a forward call with a row view among
+        ``row_inputs`` (x, and residual: the manifest lets row views through uncopied): (m, n)
+        views at their pitch for a kernel that takes row views, else contiguous (m, n) copies.
+        A row starts 16-byte aligned only where its pitch is a whole number of vectors too."""
+        first = row_inputs[0]
+        device, dtype = first.device, first.dtype
+        rank = len(self.params["normalized_shape"])
+        pitches = tuple(row_pitch(t, rank) for t in row_inputs)
+        aligned = vector_ready(device, 0, dtype, *vectors) and all(
+            vector_ready(device, pitch, dtype, t) for pitch, t in zip(pitches, row_inputs)
+        )
+        kernel = self.kernel_for(interface, device, dtype, has_weight, has_bias, aligned, pitches)
+        if kernel.takes_row_views:
+            return kernel, tuple(t.view(-1, self.n) for t in row_inputs)
+        return kernel, tuple(t.contiguous().view(-1, self.n) for t in row_inputs)
 
     def call_specs(self, device, inputs):
         """The call spec a call with ``inputs`` (descriptions, the omitted optional ones absent)
@@ -154,6 +171,9 @@ class RMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, *, out=None):
+        if not x.is_contiguous():
+            kernel, (rows,) = self._select_rows(RMSNormFwdInterface, weight is not None, False, (x,), weight)
+            return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
         device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
         kernel = self.kernel_for(RMSNormFwdInterface, device, dtype, weight is not None, False, vector_ready(device, 0, dtype, x, weight))
         if out is None and self._one_dim and (kernel.takes_any_shape or x.dim() == 2):
@@ -162,8 +182,11 @@ class RMSNormFwdOp(_NormOp):
         return self._deliver(kernel.forward(rows, self._vector(weight)), x, rows, out)
 
     def forward_saving(self, x, weight=None):
-        kernel = self._select(RMSNormFwdInterface, weight is not None, False, x, weight)
-        rows = self._rows(x, kernel)
+        if x.is_contiguous():
+            kernel = self._select(RMSNormFwdInterface, weight is not None, False, x, weight)
+            rows = self._rows(x, kernel)
+        else:
+            kernel, (rows,) = self._select_rows(RMSNormFwdInterface, weight is not None, False, (x,), weight)
         y, saved = kernel.forward_saving(rows, self._vector(weight))
         return self._deliver(y, x, rows, None), self._statistics(x, rows, saved)
 
@@ -178,6 +201,9 @@ class LayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, weight=None, bias=None, *, out=None):
+        if not x.is_contiguous():
+            kernel, (rows,) = self._select_rows(LayerNormFwdInterface, weight is not None, bias is not None, (x,), weight, bias)
+            return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
         device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
         kernel = self.kernel_for(
             LayerNormFwdInterface, device, dtype, weight is not None, bias is not None, vector_ready(device, 0, dtype, x, weight, bias)
@@ -188,8 +214,11 @@ class LayerNormFwdOp(_NormOp):
         return self._deliver(kernel.forward(rows, self._vector(weight), self._vector(bias)), x, rows, out)
 
     def forward_saving(self, x, weight=None, bias=None):
-        kernel = self._select(LayerNormFwdInterface, weight is not None, bias is not None, x, weight, bias)
-        rows = self._rows(x, kernel)
+        if x.is_contiguous():
+            kernel = self._select(LayerNormFwdInterface, weight is not None, bias is not None, x, weight, bias)
+            rows = self._rows(x, kernel)
+        else:
+            kernel, (rows,) = self._select_rows(LayerNormFwdInterface, weight is not None, bias is not None, (x,), weight, bias)
         y, saved = kernel.forward_saving(rows, self._vector(weight), self._vector(bias))
         return self._deliver(y, x, rows, None), self._statistics(x, rows, saved)
 
@@ -205,6 +234,9 @@ class FusedAddRMSNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, *, out=None, residual_out=None):
+        if not (x.is_contiguous() and residual.is_contiguous()):
+            kernel, rows = self._select_rows(FusedAddRMSNormFwdInterface, weight is not None, False, (x, residual), weight)
+            return self._deliver_pair(kernel.forward(*rows, self._vector(weight)), x, rows[0], out, residual_out)
         device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
         kernel = self.kernel_for(
             FusedAddRMSNormFwdInterface, device, dtype, weight is not None, False, vector_ready(device, 0, dtype, x, residual, weight)
@@ -216,9 +248,14 @@ class FusedAddRMSNormFwdOp(_NormOp):
         return self._deliver_pair(result, x, rows, out, residual_out)
 
     def forward_saving(self, x, residual, weight=None):
-        kernel = self._select(FusedAddRMSNormFwdInterface, weight is not None, False, x, residual, weight)
-        rows = self._rows(x, kernel)
-        result, saved = kernel.forward_saving(rows, self._rows(residual, kernel), self._vector(weight))
+        if x.is_contiguous() and residual.is_contiguous():
+            kernel = self._select(FusedAddRMSNormFwdInterface, weight is not None, False, x, residual, weight)
+            rows, residual_rows = self._rows(x, kernel), self._rows(residual, kernel)
+        else:
+            kernel, (rows, residual_rows) = self._select_rows(
+                FusedAddRMSNormFwdInterface, weight is not None, False, (x, residual), weight
+            )
+        result, saved = kernel.forward_saving(rows, residual_rows, self._vector(weight))
         return self._deliver_pair(result, x, rows, None, None), self._statistics(x, rows, saved)
 
 
@@ -233,6 +270,12 @@ class FusedAddLayerNormFwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, x, residual, weight=None, bias=None, *, out=None, residual_out=None):
+        if not (x.is_contiguous() and residual.is_contiguous()):
+            kernel, rows = self._select_rows(
+                FusedAddLayerNormFwdInterface, weight is not None, bias is not None, (x, residual), weight, bias
+            )
+            result = kernel.forward(*rows, self._vector(weight), self._vector(bias))
+            return self._deliver_pair(result, x, rows[0], out, residual_out)
         device, dtype = x.device, x.dtype  # _select and _rows spelled out (see _select)
         kernel = self.kernel_for(
             FusedAddLayerNormFwdInterface, device, dtype, weight is not None, bias is not None,
@@ -245,9 +288,14 @@ class FusedAddLayerNormFwdOp(_NormOp):
         return self._deliver_pair(result, x, rows, out, residual_out)
 
     def forward_saving(self, x, residual, weight=None, bias=None):
-        kernel = self._select(FusedAddLayerNormFwdInterface, weight is not None, bias is not None, x, residual, weight, bias)
-        rows = self._rows(x, kernel)
-        result, saved = kernel.forward_saving(rows, self._rows(residual, kernel), self._vector(weight), self._vector(bias))
+        if x.is_contiguous() and residual.is_contiguous():
+            kernel = self._select(FusedAddLayerNormFwdInterface, weight is not None, bias is not None, x, residual, weight, bias)
+            rows, residual_rows = self._rows(x, kernel), self._rows(residual, kernel)
+        else:
+            kernel, (rows, residual_rows) = self._select_rows(
+                FusedAddLayerNormFwdInterface, weight is not None, bias is not None, (x, residual), weight, bias
+            )
+        result, saved = kernel.forward_saving(rows, residual_rows, self._vector(weight), self._vector(bias))
         return self._deliver_pair(result, x, rows, None, None), self._statistics(x, rows, saved)
 
 

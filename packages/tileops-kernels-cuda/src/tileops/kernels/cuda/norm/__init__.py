@@ -56,6 +56,9 @@ class _TileLangNorm(TileLangKernel):
     family = "norm"
     variant: ClassVar[str]
     takes_any_shape = True
+    # Row views come as (m, n) views at their pitch, each pitch a build of its own (its
+    # kernel's identity): a fused projection's slices keep one pitch for a whole model.
+    takes_row_views = True
     ranks_built_eagerly = (2,)  # the usual (m, n) rows are compiled with the kernel, not on a call
     #: True in the twin that ``forward_saving`` launches: its programs also write the statistics.
     save_stats: ClassVar[bool] = False
@@ -65,7 +68,7 @@ class _TileLangNorm(TileLangKernel):
 
     def identity(self) -> tuple:
         call = self.params
-        return (self.variant, call.n, call.dtype, call.eps, call.has_weight, call.has_bias)
+        return (self.variant, call.n, call.dtype, call.eps, call.has_weight, call.has_bias, call.row_strides)
 
     def default_config(self) -> dict[str, Any]:
         return policy.launch_config(self.kind, self.variant, self.params.n, self.params.dtype)
@@ -95,10 +98,12 @@ class _TileLangNorm(TileLangKernel):
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
         call = self.params
-        saving = {"save_stats": True} if self.save_stats else {}  # plain builds: the programs as before the flag
+        # Plain builds of contiguous rows: the programs as before these flags.
+        saving = {"save_stats": True} if self.save_stats else {}
+        pitched = {} if call.row_strides is None else {"row_strides": call.row_strides}
         return programs.compile_config(
             self.kind, call.n, call.dtype, call.eps, call.has_weight, call.has_bias, self.tilelang_target,
-            leading=rank - 1, **config, **saving,
+            leading=rank - 1, **config, **saving, **pitched,
         )
 
     def _use(self, config: dict[str, Any]) -> None:
@@ -132,7 +137,7 @@ class _TileLangNorm(TileLangKernel):
 
     @classmethod
     def entry_for(cls, call: NormCall):
-        identity = (call.device, call.n, call.dtype, call.eps, call.has_weight, call.has_bias)
+        identity = (call.device, call.n, call.dtype, call.eps, call.has_weight, call.has_bias, call.row_strides)
         return identity, lambda: cls(call)
 
 

@@ -17,7 +17,8 @@ kernel classes declare):
   (unvectorised) accesses, register-cached for short rows, streamed otherwise.
 
 The first three use 16-byte vector accesses and therefore need
-N * itemsize % 16 == 0 and 16-byte aligned data pointers.
+N * itemsize % 16 == 0 and every row starting 16-byte aligned (the data pointers,
+and a row view's pitch).
 
 A variant's kernel runs its launch configuration (``launch_config``) and may have
 two more builds for some calls, by x's size: a few-row build (``few_row_config``)
@@ -110,7 +111,7 @@ def _vector_refusal(n: int, dtype: torch.dtype, aligned: bool) -> str | None:
             f"{16 // itemsize}; the 'scalar' variant serves any N"
         )
     if not aligned:
-        return "a data pointer is not 16-byte aligned: pass contiguous, 16-byte aligned tensors or use 'scalar'"
+        return "a row does not start 16-byte aligned: pass 16-byte aligned tensors (row views: a pitch of whole vectors) or use 'scalar'"
     return None
 
 

@@ -74,6 +74,7 @@ def make_program(
     cache_priorities: bool = True,
     evict_first_inputs: bool = False,
     save_stats: bool = False,
+    row_strides: tuple[int, ...] | None = None,
 ):
     """The TileLang PrimFunc for one configuration (see ``launch_config``).
 
@@ -91,13 +92,25 @@ def make_program(
     vectors and cache priorities; see ``evict_first_elements``); save_stats: also
     write each row's mean (layer-norm kinds) and rstd, once, by the row's first
     thread (every thread of a row holds them once reduced); without it the program
-    is the one built before the flag existed.
+    is the one built before the flag existed; row_strides: the pitch of x (and of
+    the residual), in elements, for a build that reads them as row views (slices of
+    wider rows): (M, N) tensors whose rows are that far apart (one leading
+    dimension; y and s stay contiguous). A compile-time pitch keeps every row start
+    a provable multiple of the vector, so the accesses stay 16-byte vectors.
     """
     check_kind(kind, has_bias)
     if n % vec or tpr & (tpr - 1) or tpr * rows > MAX_THREADS:
         raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} for N={n}")
     if leading < 0:
         raise ValueError(f"leading={leading}: a count of leading dimensions is at least 0")
+    if row_strides is not None and (
+        leading != 1 or len(row_strides) != (2 if kind.startswith("add_") else 1)
+        or any(pitch < n or pitch % vec for pitch in row_strides)
+    ):
+        raise ValueError(
+            f"row_strides={row_strides} for {kind} N={n} vec={vec} leading={leading}: one pitch per row input "
+            "(x, and residual for the fused kinds), each at least N and a whole number of vectors, one leading dimension"
+        )
     fused = kind.startswith("add_")
     layer = kind.endswith("layer_norm")
     if evict_first_inputs and not (has_evict_first_build(kind, mode, vec, dtype) and cache_priorities):
@@ -129,8 +142,13 @@ def make_program(
     # buffer makes the parameter a compile-time constant, left out of the
     # kernel's signature.
     absent = 0
-    x_t, y_t = T.Tensor((*batch, n), dt), T.Tensor((*batch, n), dt)
-    r_t = T.Tensor((*batch, n), dt) if fused else absent
+    def row_input(position):
+        if row_strides is None:
+            return T.Tensor((*batch, n), dt)
+        return T.StridedTensor((*batch, n), (row_strides[position], 1), dt)
+
+    x_t, y_t = row_input(0), T.Tensor((*batch, n), dt)
+    r_t = row_input(1) if fused else absent
     s_t = T.Tensor((*batch, n), dt) if fused else absent
     w_t = T.Tensor((n,), dt) if has_weight else absent
     b_t = T.Tensor((n,), dt) if has_bias else absent
@@ -202,9 +220,10 @@ def make_program(
     @T.prim_func
     def main(x_in: x_t, r_in: r_t, w: w_t, b: b_t, y_in: y_t, s_in: s_t, mean_in: mean_t, rstd_in: rstd_t):
         # The kernel body indexes (row, column) views of the caller's tensors.
-        x = T.reshape(x_in, (m, n))
+        # (Row views are (m, n) already: a reshape would drop their pitch.)
+        x = x_in if row_strides is not None else T.reshape(x_in, (m, n))
         y = T.reshape(y_in, (m, n))
-        r = T.reshape(r_in, (m, n)) if fused else r_in
+        r = r_in if row_strides is not None or not fused else T.reshape(r_in, (m, n))
         s = T.reshape(s_in, (m, n)) if fused else s_in
         # The statistics as (m,) views of their data (T.reshape refuses the 0-dim one of a single row).
         mean_out = T.Tensor((m,), f32, mean_in.data) if save_stats and layer else mean_in
