@@ -343,3 +343,18 @@ def test_a_call_the_generated_path_declines_is_bound_once_with_the_callers_own_a
     assert bound_kwargs.keys() == kwargs.keys() and all(bound_kwargs[k] is kwargs[k] for k in kwargs)
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (8,), weight, op.params["eps"]))
 
+
+
+def test_row_views_follow_a_chain_of_same_as_shapes_to_the_pattern_that_names_the_row():
+    entry = copy.deepcopy(NORM["FusedAddRMSNormFwdOp"])
+    del entry["backward"]
+    inputs = entry["signature"]["inputs"]
+    # a second residual whose shape follows the first, which follows x
+    inputs = {**{k: inputs[k] for k in ("x", "residual")}, "extra": {"dtype": {"same_as": "x"}, "shape": {"same_as": "residual"},
+                                                                     "row_views": True}, "weight": inputs["weight"]}
+    entry["signature"]["inputs"] = inputs
+    entry["workloads"] = [{"name": "w", "shapes": {"x": [2, 8], "residual": [2, 8], "extra": [2, 8]}, "dtypes": ["float32"],
+                           "params": {"normalized_shape": [8]}}]
+    parsed = parse_manifest(yaml.safe_dump({"FusedAddRMSNormFwdOp": entry}, sort_keys=False), "norm.yaml")["FusedAddRMSNormFwdOp"]
+    extra = parsed.input("extra")
+    assert extra.row_views and parsed.input_pattern(extra) is parsed.input("x").shape

@@ -2,13 +2,14 @@
 
 For one op entry and one set of params, Python source is written once that accepts only the
 common case (every tensor present as declared, a torch.Tensor, contiguous or a declared row
-view, on the call's device, with the declared dtype and shape, output buffers that fit and share no memory with
-another tensor of the call, no torch.func transform active), runs the op's forward (or
-hands the checked call to the op's ``run_bound``, or, for a call that must record autograd
-history, to its ``differentiate``) and checks the result inline. Anything else, including a
-call whose written tensors are all empty, is declined: the path raises ``CallDeclined`` and
-``Op`` hands the call's own arguments to ``Signature.bind``, the reference, which copies
-non-contiguous inputs, builds the precise error and returns an empty call's outputs. So the
+view, on the call's device, with the declared dtype and shape, output buffers that fit and
+share no memory with another tensor of the call, no torch.func transform active), runs the
+op's forward (or hands the checked call to the op's ``run_bound``, or, for a call that must
+record autograd history, to its ``differentiate``) and checks the result inline. Anything
+else, including a call whose written tensors are all empty, is declined: the path raises
+``CallDeclined`` and ``Op`` hands the call's own arguments to ``Signature.bind``, the
+reference, which copies non-contiguous inputs (row views of inputs that declare them
+excepted), builds the precise error and returns an empty call's outputs. So the
 generated checks can only ever be stricter, never more lenient, than the reference, and a
 declined call is bound once. The generated source names no attribute of the
 op: the op passes in what the path calls. The source is kept on the factory as ``source``.
@@ -51,8 +52,7 @@ class _Writer:
     def row_width(self, decl: TensorDecl) -> int | None:
         """How many trailing dimensions make a row of ``decl`` (declared ``row_views``), where the
         params alone say; else None."""
-        pattern = decl.shape if decl.shape is not None else self.entry.input(decl.shape_same_as).shape
-        return pattern.row_width(self.params.get)
+        return self.entry.input_pattern(decl).row_width(self.params.get)
 
     def shape_checks(self, decl: TensorDecl, shape_var: str, indent: int) -> None:
         pattern = decl.shape

@@ -187,6 +187,13 @@ class OpEntry:
     def input(self, name: str) -> TensorDecl:
         return next(t for t in self.inputs if t.name == name)
 
+    def input_pattern(self, decl: TensorDecl) -> ShapePattern:
+        """The shape pattern of input ``decl``: its own, or that of the input it follows (``shape:
+        {same_as: ...}``, through any chain of them)."""
+        while decl.shape is None:
+            decl = self.input(decl.shape_same_as)
+        return decl.shape
+
 
 def param_value(kind: str, value: Any) -> Any:
     """A non-null ``value`` of a param of type ``kind`` in its canonical form (shapes as

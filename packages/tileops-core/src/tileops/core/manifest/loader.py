@@ -210,8 +210,10 @@ def _check_row_views(fields: dict, access: str, where: _Where, inputs: dict, sha
             f"is for inputs that are read (access: read), not access: {access}: a written input is passed as it "
             "comes, and the values of one whose shape alone is read are never read"
         )
-    pattern = fields["shape"] if fields["shape_same_as"] is None else inputs[fields["shape_same_as"]].shape
-    if pattern is None or pattern.row_width(lambda name: () if name in shape_params else None) is None:
+    pattern, followed = fields["shape"], fields["shape_same_as"]
+    while pattern is None:  # shape: {same_as: ...}, through any chain of them
+        pattern, followed = inputs[followed].shape, inputs[followed].shape_same_as
+    if pattern.row_width(lambda name: () if name in shape_params else None) is None:
         raise where.error(
             f"needs a shape that begins with '...' and names the row after it, got {pattern}: the row is "
             "what follows the leading dimensions"
