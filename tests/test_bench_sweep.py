@@ -308,6 +308,29 @@ def test_the_ratio_to_the_best_other_side_its_distribution_the_worst_calls_and_w
     assert left_out["no_other_side"] == 1 and left_out["ours_failed"] == 0
 
 
+def test_the_distribution_is_also_given_for_strided_calls_and_for_decode_sized_ones(calls):
+    # Each call's rows are what the draw chose: its first input's elements over the trailing
+    # dimensions (a norm's normalized_shape; RoPE's heads and head dimension).
+    for call in calls:
+        tail = call.workload.params.get("normalized_shape", call.shape[-2:] if "Rotary" in call.op_class.__name__ else None)
+        if tail is not None:
+            assert call.rows * math.prod(tail) == math.prod(call.shape), call.record()
+    rows = sweep.time_calls(calls[:60], _fake_timer, progress=False)
+    grouped = sweep_report.groups(calls[:60])
+    strided = {c.workload.name for c in calls[:60] if c.strided}
+    decode = {c.workload.name for c in calls[:60] if c.rows <= sweep_report.DECODE_ROWS}
+    assert grouped == {"strided inputs": strided, f"at most {sweep_report.DECODE_ROWS} rows": decode}
+    assert strided and decode and strided != decode
+    described = sweep_report.summarise(rows, grouped)["forward"]["ratio_to_best"]
+    for name, labels in grouped.items():
+        expected = [sweep_report.ratio_to_best(r) for r in rows if r.workload in labels]
+        assert described[name]["calls"] == sum(r is not None for r in expected)
+        assert described[name]["min"] == min(r for r in expected if r is not None)
+    text = sweep_report.report(rows, calls[:60], seed=7, drawn=200, facts=_facts(), copy_tb_s=4.0, others=Peers({}))
+    assert any(line.split()[:2] == ["strided", "inputs"] for line in text.splitlines())
+    assert any(line.split()[:4] == ["at", "most", "64", "rows"] for line in text.splitlines())
+
+
 def _facts():
     return {"date": "d", "gpu": "g", "driver": "v", "torch": "t", "torch_cuda": "c", "tilelang": "l", "python": "p"}
 

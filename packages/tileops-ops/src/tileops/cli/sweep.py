@@ -106,7 +106,8 @@ class Space:
 @dataclasses.dataclass(frozen=True)
 class SweepCall:
     """One drawn call: the op, the workload (named by ``label``), the dtype, the optional inputs
-    left out and the inputs passed as row views."""
+    left out, the inputs passed as row views, and its rows (the first input's elements over its
+    trailing width: the count the draw chose)."""
 
     index: int
     op_class: type
@@ -116,6 +117,7 @@ class SweepCall:
     strided: tuple[str, ...]
     #: The manifest workload whose other inputs and params the call took.
     template: str
+    rows: int
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -132,6 +134,7 @@ class SweepCall:
             "strided": list(self.strided),
             "params": {name: list(value) if isinstance(value, tuple) else value for name, value in self.workload.params.items()},
             "template": self.template,
+            "rows": self.rows,
         }
 
 
@@ -291,11 +294,12 @@ def _draft(rng: random.Random, space: Space, chosen: dict[str, Any]) -> tuple:
     shape = (*spread(rng, count, chosen["rank"] - len(tail)), *tail)
     params = {key.removeprefix("param:"): value for key, value in chosen.items() if key.startswith("param:")}
     params.update({param: tail[-1] // divisor for param, divisor in space.width_params.items()})
-    return space, template, shape, dtype, tuple(chosen["omit"]), chosen["strided"], params
+    return space, template, shape, dtype, tuple(chosen["omit"]), chosen["strided"], params, count
 
 
 def _call(
-    index: int, space: Space, base: Workload, shape: tuple, dtype: torch.dtype, omitted: tuple, strided: bool, params: dict
+    index: int, space: Space, base: Workload, shape: tuple, dtype: torch.dtype, omitted: tuple, strided: bool, params: dict,
+    rows: int,
 ) -> SweepCall:
     entry = space.op_class.manifest_entry()
     passed = {t.name: base.shapes.get(t.name, ()) for t in entry.inputs if t.name not in omitted}
@@ -303,7 +307,7 @@ def _call(
     # One row is contiguous however wide the tensor it is a view of: such a call is not strided.
     views = tuple(name for name in space.strided_inputs if strided and name in described.shapes and math.prod(shape[:-1]) > 1)
     workload = Workload(label(index, omitted, views), described.shapes, (dtype,), {**described.params, **params})
-    return SweepCall(index, space.op_class, workload, dtype, omitted, views, base.name)
+    return SweepCall(index, space.op_class, workload, dtype, omitted, views, base.name, rows)
 
 
 # -- the inputs of a call -------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """What ``tileops bench --sweep`` prints: the per-call table, and the distribution of the ratio of
 the best other side's GPU time to TileOPs' (above 1: TileOPs is faster) per op and overall,
-with the worst calls.
+and over two groups of calls that are slow for their own reasons (inputs passed as row views;
+decode-sized calls of at most ``DECODE_ROWS`` rows, all launch and latency), with the worst calls.
 
 The best other side of a call is the fastest of those that have a time on it: torch eager,
 torch.compile and each peer (``tileops.cli.peers``). A side without a time is left out of that
@@ -29,6 +30,9 @@ from .peers import ABSENT, Peers
 WORST = 10
 #: How far behind the best other side a call may be before it counts as clearly behind.
 BEHIND = 0.97
+#: Calls of at most this many rows form the decode group: a serving engine's decode steps, whose
+#: GPU time is a few microseconds of launch and latency rather than bandwidth.
+DECODE_ROWS = 64
 
 
 def sides(row: Row) -> dict[str, Any]:
@@ -111,16 +115,30 @@ def worst(rows: list[Row], count: int = WORST) -> list[Row]:
     return [rows[index] for _, index in sorted(ranked)[:count]]
 
 
-def summarise(rows: list[Row]) -> dict[str, dict[str, Any]]:
+def groups(calls) -> dict[str, set[str]]:
+    """The groups of calls the distribution is also given for, by name: each a set of calls'
+    labels (their rows' ``workload``). A group no call falls in is left out."""
+    named = {
+        "strided inputs": {call.workload.name for call in calls if call.strided},
+        f"at most {DECODE_ROWS} rows": {call.workload.name for call in calls if call.rows <= DECODE_ROWS},
+    }
+    return {name: labels for name, labels in named.items() if labels}
+
+
+def summarise(rows: list[Row], grouped: dict[str, set[str]] | None = None) -> dict[str, dict[str, Any]]:
     """Per mode (``forward``, or with ``--backward`` ``forward+backward`` and ``backward``): the
-    distribution over all calls and per op, what was excluded, and the worst calls."""
+    distribution over all calls, per op and per group of ``grouped`` (``groups``), what was
+    excluded, and the worst calls."""
     modes = list(dict.fromkeys(row.mode for row in rows))
     result = {}
     for mode in modes:
         of_mode = [row for row in rows if row.mode == mode]
         ops = list(dict.fromkeys(row.op for row in of_mode))
+        of_group = {name: distribution([r for r in of_mode if r.workload in labels]) for name, labels in (grouped or {}).items()}
         result[mode] = {
-            "ratio_to_best": {"all": distribution(of_mode), **{op: distribution([r for r in of_mode if r.op == op]) for op in ops}},
+            "ratio_to_best": {
+                "all": distribution(of_mode), **{op: distribution([r for r in of_mode if r.op == op]) for op in ops}, **of_group,
+            },
             "excluded": excluded(of_mode),
             "worst": [_worst_record(row) for row in worst(of_mode)],
         }
@@ -193,7 +211,7 @@ def report(
 ) -> str:
     """The whole report in ``form``: ``text`` (the table per mode, the bench's geomeans, the
     distribution lines), ``json`` or ``csv`` (one record per row, with its best side and ratio)."""
-    described = summarise(rows)
+    described = summarise(rows, groups(calls))
     if form == "json":
         return json.dumps(
             {
