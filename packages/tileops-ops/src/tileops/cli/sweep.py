@@ -106,8 +106,8 @@ class Space:
 @dataclasses.dataclass(frozen=True)
 class SweepCall:
     """One drawn call: the op, the workload (named by ``label``), the dtype, the optional inputs
-    left out, the inputs passed as row views, and its rows (the first input's elements over its
-    trailing width: the count the draw chose)."""
+    left out, the inputs passed as row views, and its rows (the count the draw chose: the first
+    input's elements over its trailing dimensions, a width or a template's tail)."""
 
     index: int
     op_class: type
