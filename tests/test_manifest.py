@@ -357,4 +357,4 @@ def test_row_views_follow_a_chain_of_same_as_shapes_to_the_pattern_that_names_th
                            "params": {"normalized_shape": [8]}}]
     parsed = parse_manifest(yaml.safe_dump({"FusedAddRMSNormFwdOp": entry}, sort_keys=False), "norm.yaml")["FusedAddRMSNormFwdOp"]
     extra = parsed.input("extra")
-    assert extra.row_views and parsed.input_pattern(extra) is parsed.input("x").shape
+    assert extra.row_views and extra.pattern(parsed.input) is parsed.input("x").shape

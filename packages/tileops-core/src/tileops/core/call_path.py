@@ -52,7 +52,7 @@ class _Writer:
     def row_width(self, decl: TensorDecl) -> int | None:
         """How many trailing dimensions make a row of ``decl`` (declared ``row_views``), where the
         params alone say; else None."""
-        return self.entry.input_pattern(decl).row_width(self.params.get)
+        return decl.pattern(self.entry.input).row_width(self.params.get)
 
     def shape_checks(self, decl: TensorDecl, shape_var: str, indent: int) -> None:
         pattern = decl.shape

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -75,6 +75,14 @@ class TensorDecl:
     def described_only(self) -> bool:
         """Whether implementations read only this input's shape, dtype and device (``access: shape``)."""
         return self.access == "shape"
+
+    def pattern(self, tensor: Callable[[str], TensorDecl]) -> ShapePattern:
+        """This input's shape pattern: its own, or that of the input it follows (``shape: {same_as:
+        ...}``, through any chain of them), ``tensor(name)`` giving the earlier inputs."""
+        decl = self
+        while decl.shape is None:
+            decl = tensor(decl.shape_same_as)
+        return decl.shape
 
     def dtype_in(self, dtype: torch.dtype) -> torch.dtype:
         """This tensor's dtype in a call (a workload, a description) whose tensors are ``dtype``:
@@ -187,12 +195,6 @@ class OpEntry:
     def input(self, name: str) -> TensorDecl:
         return next(t for t in self.inputs if t.name == name)
 
-    def input_pattern(self, decl: TensorDecl) -> ShapePattern:
-        """The shape pattern of input ``decl``: its own, or that of the input it follows (``shape:
-        {same_as: ...}``, through any chain of them)."""
-        while decl.shape is None:
-            decl = self.input(decl.shape_same_as)
-        return decl.shape
 
 
 def param_value(kind: str, value: Any) -> Any:

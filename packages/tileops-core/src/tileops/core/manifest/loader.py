@@ -197,22 +197,21 @@ def _tensor(
                 "and the layout of one whose shape alone is read (access: shape) does not matter"
             )
         fields["row_views"] = _bool(spec.get("row_views", False), where.at("row_views"))
-        if fields["row_views"]:
-            _check_row_views(fields, access, where.at("row_views"), inputs, shape_params)
-    return TensorDecl(**fields)
+    decl = TensorDecl(**fields)
+    if decl.row_views:
+        _check_row_views(decl, where.at("row_views"), inputs, shape_params)
+    return decl
 
 
-def _check_row_views(fields: dict, access: str, where: _Where, inputs: dict, shape_params: set[str]) -> None:
+def _check_row_views(decl: TensorDecl, where: _Where, inputs: dict, shape_params: set[str]) -> None:
     """Refuse ``row_views: true`` where it means nothing: on an input that is not only read, or
     whose shape (its own or the one it follows) does not begin with ``...`` and name a row after it."""
-    if access != "read":
+    if decl.access != "read":
         raise where.error(
-            f"is for inputs that are read (access: read), not access: {access}: a written input is passed as it "
+            f"is for inputs that are read (access: read), not access: {decl.access}: a written input is passed as it "
             "comes, and the values of one whose shape alone is read are never read"
         )
-    pattern, followed = fields["shape"], fields["shape_same_as"]
-    while pattern is None:  # shape: {same_as: ...}, through any chain of them
-        pattern, followed = inputs[followed].shape, inputs[followed].shape_same_as
+    pattern = decl.pattern(inputs.__getitem__)
     if pattern.row_width(lambda name: () if name in shape_params else None) is None:
         raise where.error(
             f"needs a shape that begins with '...' and names the row after it, got {pattern}: the row is "

@@ -395,7 +395,7 @@ class Signature:
     def _row_view(self, decl: TensorDecl, tensor: torch.Tensor, dims: dict, scope) -> bool:
         """Whether ``tensor``, matched to ``decl`` (``row_views``), is a row view of its rows: the
         dimensions its shape pattern (or the one it follows) names after the leading ``...``."""
-        rank = self.entry.input_pattern(decl).row_width(lambda name: given(name, dims, scope))
+        rank = decl.pattern(self.entry.input).row_width(lambda name: given(name, dims, scope))
         return bool(rank) and is_row_view(tensor, rank)
 
     def _check_call_constraints(self, params: Mapping[str, Any], dims: dict) -> None:

@@ -290,15 +290,19 @@ def _rotation(op: RotaryEmbeddingFwdOp, original: Callable) -> Callable:
     # The key holds the inference mode too: a tensor made under it cannot be saved for a backward.
     last: list[tuple[weakref.ref, int, bool, torch.Tensor] | None] = [None]
 
-    def positions_of(cos: torch.Tensor, batch: int) -> torch.Tensor:
+    def table_rows(cos: torch.Tensor, batch: int) -> torch.Tensor:
+        """Each token's row of the (rows * tokens)-row tables, for every sequence of the batch."""
         rows, tokens = cos.shape[0], cos.shape[1]
+        return torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(batch, tokens)
+
+    def positions_of(cos: torch.Tensor, batch: int) -> torch.Tensor:
         if torch.compiler.is_compiling():  # the compiler plans the memory; no state in a traced function
-            return torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(batch, tokens)
+            return table_rows(cos, batch)
         inference = torch.is_inference_mode_enabled()
         held = last[0]
         if held is not None and held[0]() is cos and held[1:3] == (batch, inference):
             return held[3]
-        positions = torch.arange(rows * tokens, device=cos.device).view(rows, tokens).expand(batch, tokens).contiguous()
+        positions = table_rows(cos, batch).contiguous()
         last[0] = (weakref.ref(cos), batch, inference, positions)
         return positions
 
