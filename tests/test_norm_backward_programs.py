@@ -11,6 +11,7 @@ import torch
 from helpers import run_python
 from tileops.kernels.cuda.norm import KERNELS
 from tileops.kernels.cuda.norm import backward_policy as policy
+from tileops.kernels.cuda.norm import backward_programs as programs
 from tileops.kernels.cuda.norm.backward import BACKWARD_KERNELS
 
 KINDS = policy.KINDS
@@ -145,6 +146,16 @@ def test_long_rows_take_one_slot_per_sm_their_registers_allow():
         assert policy.partial_rows(kind, 16384, 16384, torch.bfloat16, config, 132) == 132
         scalar = policy.launch_config(kind, "scalar", 1001, torch.float32)
         assert policy.blocks_per_sm(kind, 1001, torch.float32, scalar) == policy.THREADS_PER_SM // (scalar["tpr"] * scalar["rows"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "x_pitch"), [("add_rms_norm", 8192), ("rms_norm", 4000), ("layer_norm", 8196)],
+    ids=["the-fused-kinds-read-the-saved-sum", "shorter-than-a-row", "off-the-vector-grid"],
+)
+def test_a_backward_program_refuses_an_x_pitch_it_cannot_read(kind, x_pitch):
+    config = policy.launch_config(kind, "register", 4096, torch.bfloat16)
+    with pytest.raises(ValueError, match="the single norms' x only, at least N and a whole number of vectors"):
+        programs.make_program(kind, 4096, torch.bfloat16, True, x_pitch=x_pitch, **config)
 
 
 # -- compile tier ------------------------------------------------------------------------------

@@ -233,6 +233,13 @@ source = programs.compile_config("add_rms_norm", 4096, torch.bfloat16, 1e-6, Tru
                                  row_strides=(3 * 4096, 4096 + 64), **config).get_kernel_source()
 loads = [line for line in source.splitlines() if "*(uint4*)(x + " in line or "*(uint4*)(r + " in line]
 assert any("12288" in line for line in loads) and any("4160" in line for line in loads), loads
+# The backward reads the forward's x where it lies too (dy and dx stay contiguous).
+from tileops.kernels.cuda.norm import backward_policy, backward_programs
+config = backward_policy.launch_config("rms_norm", "register", 4096, torch.bfloat16)
+source = backward_programs.compile_row_kernel("rms_norm", 4096, torch.bfloat16, True, target, x_pitch=3 * 4096,
+                                              **config).get_kernel_source()
+loads = [line for line in source.splitlines() if "*(uint4*)(x + " in line]
+assert loads and all("12288" in line for line in loads), loads
 print("compiled row views")
 """
 

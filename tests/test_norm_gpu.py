@@ -355,6 +355,25 @@ def test_row_views_are_read_where_they_lie_and_give_the_contiguous_results(n, dt
             assert any(kernel.params.row_strides == pitches for _, kernel in op.built_kernels()), op
 
 
+@pytest.mark.parametrize("n", [1001, 4096, 65536], ids=lambda n: f"n{n}")
+def test_the_backward_reads_the_forwards_row_view_where_it_lies(n):
+    # The gradient of a norm over a slice of wider rows: the backward kernels (scalar, register
+    # and streamed variants by n) read x at its pitch, uncopied, and compute what they compute
+    # on a copy; dweight and dbias too (2 rows: the row kernel and the reduction).
+    from tileops.ops import LayerNormBwdOp, RMSNormBwdOp
+
+    dtype = torch.bfloat16
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    for rows in (2, 130):
+        x = torch.randn(rows, 3 * n, device="cuda", dtype=dtype)[:, n:2 * n]
+        dy = torch.randn(rows, n, device="cuda", dtype=dtype)
+        for op in RMSNormBwdOp(n), LayerNormBwdOp(n):
+            views, copies = op(dy, x, w), op(dy, x.contiguous(), w)
+            for got, want in zip(views, copies):
+                torch.testing.assert_close(got, want, atol=0, rtol=0)
+            assert any(kernel.params.call.row_strides == (3 * n,) for _, kernel in op.built_kernels()), op
+
+
 def test_a_row_view_whose_pitch_is_off_the_vector_grid_is_served_by_the_scalar_variant():
     n, dtype = 4096, torch.bfloat16
     x = torch.randn(5, n + 4, device="cuda", dtype=dtype)[:, :n]  # rows 8200 bytes apart

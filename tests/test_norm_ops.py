@@ -191,6 +191,53 @@ def test_a_contiguous_call_keeps_the_spec_without_row_strides(scoped_registry):
     assert spec.row_strides is None
 
 
+@pytest.mark.parametrize("layer", [False, True], ids=["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("leading", [(6,), (2, 3)], ids=["2d", "3d"])
+def test_a_backward_op_reads_the_saved_row_view_as_its_contiguous_copy(layer, leading):
+    from tileops.ops import LayerNormBwdOp, RMSNormBwdOp
+
+    n = 40
+    x = torch.randn(*leading, 3 * n)[..., n:2 * n]
+    dy, weight = torch.randn(*leading, n), torch.randn(n)
+    op = LayerNormBwdOp(n) if layer else RMSNormBwdOp(n)
+    expected = op(dy, x.contiguous(), weight)
+    got = op(dy, x, weight)
+    assert got[0].shape == dy.shape and got[0].is_contiguous()
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=0, rtol=0)
+
+
+def test_the_backward_kernel_gets_the_forwards_row_view_at_its_pitch(scoped_registry):
+    from tileops.backend import Kernel, register_kernel_type
+    from tileops.ops.norm import RMSNormBwdInterface
+
+    seen = []
+
+    class Spy(Kernel, RMSNormBwdInterface):
+        devices = frozenset({"cpu"})
+        takes_row_views = True
+
+        @classmethod
+        def entry_for(cls, call):
+            seen.append(("spec", call))
+            return call, cls
+
+        def forward(self, dy, x, weight, rstd):
+            seen.append(("tensors", dy, x, rstd))
+            return torch.ones_like(dy), torch.ones_like(weight)
+
+    register_kernel_type("RMSNormBwdOp", "spy", Spy)
+    n = 16
+    wide = torch.randn(2, 3, 3 * n, requires_grad=True)
+    weight = torch.randn(n, requires_grad=True)
+    RMSNormFwdOp(n)(wide[..., :n], weight).sum().backward()
+    (_, spec), (_, dy, x, rstd) = seen
+    assert spec.row_strides == (3 * n,)
+    assert dy.shape == (6, n) and rstd.shape == (6,)
+    assert x.data_ptr() == wide.data_ptr() and x.shape == (6, n) and x.stride() == (3 * n, 1)
+    assert wide.grad[..., :n].eq(1).all() and not wide.grad[..., n:].any()
+
+
 def test_gradients_reach_the_wider_tensor_a_row_view_was_sliced_from():
     n = 24
     qkv = torch.randn(5, 3 * n, dtype=torch.float64, requires_grad=True)
@@ -207,3 +254,22 @@ def test_gradients_reach_the_wider_tensor_a_row_view_was_sliced_from():
     for g, e in zip(got, (qkv.grad, residual.grad, weight.grad)):
         torch.testing.assert_close(g, e)
     assert not got[0][:, :n].any() and not got[0][:, 2 * n:].any()
+
+
+def test_a_compiled_step_through_a_row_view_gives_the_eager_gradients():
+    # Under torch.compile the forward's and the backward's custom ops take the row view too.
+    n = 24
+    op = LayerNormFwdOp(n)
+
+    def step(wide, weight, bias):
+        return op(wide[:, n:2 * n], weight, bias).square().sum()
+
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        wide = torch.randn(5, 3 * n, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        weight, bias = torch.ones(n, requires_grad=True), torch.zeros(n, requires_grad=True)
+        fn(wide, weight, bias).backward()
+        grads.append((wide.grad, weight.grad, bias.grad))
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want)
+    assert grads[1][0][:, n:2 * n].any() and not grads[1][0][:, :n].any()

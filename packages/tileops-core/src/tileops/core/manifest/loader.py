@@ -205,17 +205,22 @@ def _tensor(
 
 def _check_row_views(decl: TensorDecl, where: _Where, inputs: dict, shape_params: set[str]) -> None:
     """Refuse ``row_views: true`` where it means nothing: on an input that is not only read, or
-    whose shape (its own or the one it follows) does not begin with ``...`` and name a row after it."""
+    whose shape (its own or the one it follows) does not begin with its leading dimensions (``...``
+    or a group no param gives, such as ``*batch``) and name a row after it."""
     if decl.access != "read":
         raise where.error(
             f"is for inputs that are read (access: read), not access: {decl.access}: a written input is passed as it "
             "comes, and the values of one whose shape alone is read are never read"
         )
     pattern = decl.pattern(inputs.__getitem__)
-    if pattern.row_width(lambda name: () if name in shape_params else None) is None:
+    leading = pattern.entries[0] if pattern.entries else None
+    if (
+        leading is None or leading.name in shape_params
+        or pattern.row_width(lambda name: () if name in shape_params else None) is None
+    ):
         raise where.error(
-            f"needs a shape that begins with '...' and names the row after it, got {pattern}: the row is "
-            "what follows the leading dimensions"
+            f"needs a shape that begins with the leading dimensions ('...' or a group such as '*batch', not a "
+            f"param's) and names the row after them, got {pattern}: the row is what follows the leading dimensions"
         )
 
 

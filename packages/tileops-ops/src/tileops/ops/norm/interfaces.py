@@ -9,10 +9,12 @@ sets ``takes_any_shape = True``: when ``normalized_shape`` has one dimension, it
 statistics of shape (...)), and returns outputs of that shape.
 
 Row views. The forward ops take x and residual as row views uncopied (the manifest's
-``row_views``): a forward implementation that sets ``takes_row_views = True`` receives such a
-call's x and residual as (m, n) views whose rows are ``row_strides`` elements apart (a pitch
-of n: contiguous), the call spec saying so; any other receives contiguous copies. Results are
-always new contiguous tensors.
+``row_views``), and so do the backward ops of RMSNorm and LayerNorm their x (the forward's
+input, saved as the caller passed it): an implementation that sets ``takes_row_views = True``
+receives such a call's x (and residual) as (m, n) views whose rows are ``row_strides``
+elements apart (a pitch of n: contiguous), the call spec saying so, and a backward's other
+row inputs as (m, n) rows too; any other receives contiguous copies. Results are always new
+contiguous tensors.
 
 Saved statistics. A forward that is differentiated is called through ``forward_saving``: its
 result and the per-row statistics its backward reads (``rstd``, and ``mean`` for LayerNorm), of
@@ -40,7 +42,7 @@ class NormCall(CallSpec):
     resolved), ``aligned`` whether every row the kernel reads starts 16-byte aligned (vectorised
     kernels refuse unaligned calls; always True on the CPU, whose vector loads take any
     address). ``row_strides``: None where x (and residual) are contiguous, else the pitch of
-    each, in elements, for a forward call with a row view among them. The batch size is not
+    each, in elements, for a call with a row view among them. The batch size is not
     part of the spec, so a new batch size reuses the kernel already chosen.
     """
 

@@ -87,6 +87,16 @@ class _NormOp(Op):
             return kernel, tuple(t.view(-1, self.n) for t in row_inputs)
         return kernel, tuple(t.contiguous().view(-1, self.n) for t in row_inputs)
 
+    def _backward_rows(self, interface, has_bias: bool, dy: torch.Tensor, x: torch.Tensor, weight):
+        """``(kernel, dy, x)`` as a backward call's kernel takes them, where x may be a row view
+        (the forward's input, saved as the caller passed it): as they are where x is contiguous,
+        else both as (m, n) rows, x at its pitch for a kernel that takes row views."""
+        if x.is_contiguous():
+            kernel = self._select(interface, weight is not None, has_bias, dy, x, weight)
+            return kernel, self._rows(dy, kernel), self._rows(x, kernel)
+        kernel, (x_rows,) = self._select_rows(interface, weight is not None, has_bias, (x,), dy, weight)
+        return kernel, dy.view(-1, self.n), x_rows
+
     def call_specs(self, device, inputs):
         """The call spec a call with ``inputs`` (descriptions, the omitted optional ones absent)
         gets, built from the facts each forward passes ``kernel_for``."""
@@ -317,11 +327,10 @@ class RMSNormBwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, dy, x, weight=None, rstd=None):
-        kernel = self._select(RMSNormBwdInterface, weight is not None, False, dy, x, weight)
         if rstd is None:
             rstd = derive_input(self, "rstd", {"dy": dy, "x": x})
-        rows = self._rows(dy, kernel)
-        dx, dweight = kernel.forward(rows, self._rows(x, kernel), self._vector(weight), self._row_statistic(rstd, rows, dy))
+        kernel, rows, x_rows = self._backward_rows(RMSNormBwdInterface, False, dy, x, weight)
+        dx, dweight = kernel.forward(rows, x_rows, self._vector(weight), self._row_statistic(rstd, rows, dy))
         return self._deliver(dx, dy, rows, None), self._parameter(dweight)
 
 
@@ -337,12 +346,11 @@ class LayerNormBwdOp(_NormOp):
         super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
 
     def forward(self, dy, x, weight=None, bias=None, mean=None, rstd=None):
-        kernel = self._select(LayerNormBwdInterface, weight is not None, bias is not None, dy, x, weight)
         if mean is None or rstd is None:
             mean, rstd = (derive_input(self, name, {"dy": dy, "x": x}) for name in ("mean", "rstd"))
-        rows = self._rows(dy, kernel)
+        kernel, rows, x_rows = self._backward_rows(LayerNormBwdInterface, bias is not None, dy, x, weight)
         dx, dweight, dbias = kernel.forward(
-            rows, self._rows(x, kernel), self._vector(weight),
+            rows, x_rows, self._vector(weight),
             self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
         )
         return self._deliver(dx, dy, rows, None), self._parameter(dweight), self._parameter(dbias)

@@ -12,7 +12,8 @@ writes dweight (and dbias) itself: a second launch would cost as much as the row
 first such call).
 
 The kernels take dy, x (or the residual sum) and dresidual_sum in the caller's shape, (..., n),
-and the statistics in x's leading shape: ``forward`` views them as rows. They are not tuned:
+and the statistics in x's leading shape: ``forward`` views them as rows. x may be a row view
+(``NormCall.row_strides``: its pitch), read where it lies by a build for that pitch. They are not tuned:
 the partials' shape follows the launch configuration, which is the rules'.
 
 Importing this module does not import tilelang; building a kernel does.
@@ -72,6 +73,9 @@ class _TileLangNormBwd(TileLangKernel):
     family = "norm"
     variant: ClassVar[str]
     takes_any_shape = True
+    # x (the forward's input, a row view where the forward read one) comes as (m, n) rows at its
+    # pitch, each pitch a build of its own, as in the forward kernels.
+    takes_row_views = True
     ranks_built_eagerly = (2,)  # forward views every call as rows: rank 2 is the only one
 
     def __init__(self, call: NormCall) -> None:
@@ -82,7 +86,7 @@ class _TileLangNormBwd(TileLangKernel):
 
     def identity(self) -> tuple:
         call = self.params.call
-        return (self.variant, call.n, call.dtype, call.has_weight)
+        return (self.variant, call.n, call.dtype, call.has_weight, call.row_strides)
 
     def default_config(self) -> dict[str, Any]:
         return dict(self.params.config)
@@ -96,7 +100,9 @@ class _TileLangNormBwd(TileLangKernel):
 
     def compile(self, config: dict[str, Any], rank: int, direct: bool = False) -> Any:
         call = self.params.call
-        options = {**config, "direct": True} if direct else config
+        options = {**config, "direct": True} if direct else dict(config)
+        if call.row_strides is not None:
+            (options["x_pitch"],) = call.row_strides
         return programs.compile_row_kernel(self.kind, call.n, call.dtype, call.has_weight, self.tilelang_target,
                                            **options)
 
@@ -146,7 +152,7 @@ class _TileLangNormBwd(TileLangKernel):
 
     @classmethod
     def entry_for(cls, call: NormCall):
-        identity = (call.device, call.n, call.dtype, call.has_weight)
+        identity = (call.device, call.n, call.dtype, call.has_weight, call.row_strides)
         return identity, lambda: cls(call)
 
 

@@ -40,14 +40,22 @@ from .policy import MAX_THREADS
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
-def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unroll, prefetch=False, direct=False):
+def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unroll, prefetch=False, direct=False,
+                 x_pitch=None):
     """The row kernel's PrimFunc for one configuration (see ``backward_policy.launch_config``);
     ``direct``: for calls of one row, one block whose slot 0 writes dweight (and dbias)
-    in the dtype instead of a row of partials (the sums must be on chip: ``acc`` not "global")."""
+    in the dtype instead of a row of partials (the sums must be on chip: ``acc`` not "global");
+    ``x_pitch``: read x (the single norms' forward input) as a row view whose rows are that many
+    elements apart, a compile-time pitch that keeps each row start a whole number of vectors."""
     if (n % vec or tpr & (tpr - 1) or tpr * rows > MAX_THREADS or (prefetch and mode != "register")
             or (acc == "register" and mode != "register") or (direct and acc == "global")):
         raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} mode={mode} acc={acc} "
                          f"prefetch={prefetch} direct={direct} for N={n}")
+    if x_pitch is not None and (kind.startswith("add_") or x_pitch < n or x_pitch % vec):
+        raise ValueError(
+            f"x_pitch={x_pitch} for {kind} N={n} vec={vec}: the single norms' x only, at least N and a whole "
+            "number of vectors"
+        )
     import tilelang.language as T
 
     fused, layer, parts = kind.startswith("add_"), kind.endswith("layer_norm"), parts_of(kind)
@@ -64,7 +72,8 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
     m = T.dynamic("m")
     s = rows if direct else T.dynamic("s")  # direct: the one block's slots
     absent = 0  # a non-buffer annotation: the parameter is left out of the kernel's signature
-    dy_t, x_t, dx_t = T.Tensor((m, n), dt), T.Tensor((m, n), dt), T.Tensor((m, n), dt)
+    dy_t, dx_t = T.Tensor((m, n), dt), T.Tensor((m, n), dt)
+    x_t = T.Tensor((m, n), dt) if x_pitch is None else T.StridedTensor((m, n), (x_pitch, 1), dt)
     dr_t = T.Tensor((m, n), dt) if fused else absent
     w_t = T.Tensor((n,), dt) if has_weight else absent
     mean_t = T.Tensor((m,), f32) if layer else absent
