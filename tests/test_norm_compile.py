@@ -132,14 +132,20 @@ for kind, n, variant in [("layer_norm", 2048, "streamed"), ("add_layer_norm", 20
     has_bias = kind.endswith("layer_norm")
     kernel = programs.compile_config(kind, n, torch.bfloat16, 1e-5, True, has_bias, target, leading=2, **few_rows)
     print(kind, n, "__global__" in kernel.get_kernel_source())
+# A decode build: a 7168-wide fp16 row over 512 threads, weight loaded with x and the residual.
+config = policy.launch_config("add_rms_norm", "shared", 7168, torch.float16)
+decode = policy.decode_config("add_rms_norm", 7168, torch.float16, config)
+kernel = programs.compile_config("add_rms_norm", 7168, torch.float16, 1e-5, True, False, target, leading=1, **decode)
+print("add_rms_norm", 7168, "__global__" in kernel.get_kernel_source())
 """
 
 
-def test_the_few_row_builds_compile_for_sm90(tmp_path):
+def test_the_few_row_and_decode_builds_compile_for_sm90(tmp_path):
     result = run_python(FEW_ROWS, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line for line in result.stdout.splitlines() if line.endswith(("True", "False"))]
-    assert lines == ["layer_norm 2048 True", "add_layer_norm 2048 True", "rms_norm 1024 True", "add_layer_norm 1024 True"]
+    assert lines == ["layer_norm 2048 True", "add_layer_norm 2048 True", "rms_norm 1024 True", "add_layer_norm 1024 True",
+                     "add_rms_norm 7168 True"]
 
 
 LAUNCHER = """

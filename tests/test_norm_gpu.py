@@ -184,9 +184,39 @@ def test_calls_of_at_most_1024_rows_take_the_few_row_build_and_compute_alike(op_
     assert sorted(kernel.compiled["few_rows"]) == [2, 3]  # built for the calls of at most 1024 rows only
 
 
+DECODE_CASES = [(FusedAddRMSNormFwdOp, 7168, torch.float16), (RMSNormFwdOp, 14336, torch.float32),
+                (LayerNormFwdOp, 3072, torch.bfloat16), (FusedAddLayerNormFwdOp, 5120, torch.bfloat16),
+                (RMSNormFwdOp, 128, torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("op_class", "n", "dtype"), DECODE_CASES,
+                         ids=[f"{c.__name__}-{n}-{str(d)[6:]}" for c, n, d in DECODE_CASES])
+def test_calls_of_at_most_a_row_per_sm_take_the_decode_build_and_compute_alike(op_class, n, dtype):
+    # Decode rows (one per block in registers, weight and bias loaded with x) against the
+    # reference and the main build, up to a row per SM (any rank); one more row leaves it.
+    atol, rtol = TOLERANCE[dtype]
+    fused, layer = op_class in (FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp), op_class in (LayerNormFwdOp, FusedAddLayerNormFwdOp)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    op = op_class(n)
+    params = [torch.randn(n, device="cuda", dtype=dtype) for _ in range(2 if layer else 1)]
+    reference = _reference_layer_norm if layer else _reference_rms_norm
+    for shape in [(1, n), (7, n), (2, 3, n), (sms, n), (sms + 1, n)]:
+        x, r = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
+        y, total = op(x, r, *params) if fused else (op(x, *params), x)
+        torch.testing.assert_close(total, x + r if fused else x, atol=0, rtol=0)
+        torch.testing.assert_close(y, reference(total, *params), atol=atol, rtol=rtol)
+        ((_, kernel),) = op.built_kernels()
+        main_y, main_total = torch.empty_like(x), torch.empty_like(x)
+        kernel.compiled["main"][x.dim()](*((x, r) if fused else (x,)), *params, main_y, *((main_total,) if fused else ()))
+        torch.testing.assert_close(y, main_y, atol=atol, rtol=rtol)
+    decode = kernel.config["decode_build"]
+    assert (decode["mode"], decode["rows"], decode["preload"], decode["max_rows"]) == ("register", 1, True, sms)
+    assert sorted(kernel.compiled["decode"]) == [2, 3]
+
+
 def test_a_tune_request_on_a_few_row_call_tunes_nothing_and_says_so(capfd):
     op = LayerNormFwdOp(1536)
-    x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(200, 1536, device="cuda", dtype=torch.bfloat16)  # more rows than SMs: not the decode build
     w, b = torch.randn(1536, device="cuda", dtype=torch.bfloat16), torch.randn(1536, device="cuda", dtype=torch.bfloat16)
     op(x, w, b)
     ((_, kernel),) = op.built_kernels()

@@ -306,7 +306,10 @@ def cpu_kernels(monkeypatch):
     from tileops.kernels.cuda import fast_launch
     from tileops.kernels.cuda import kernel as kernel_module
 
+    from tileops.kernels.cuda import norm as norm_kernels
+
     launches = _Launches()
+    monkeypatch.setattr(norm_kernels._TileLangNorm, "_sm_count", lambda self: 132)  # an H100's or H200's
     monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
     monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
     monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
@@ -329,7 +332,7 @@ def test_a_norm_kernel_passes_its_arguments_in_order_leaving_out_absent_ones_the
     x, r, b = torch.zeros(2, 3, 1024, dtype=torch.bfloat16), torch.ones(2, 3, 1024, dtype=torch.bfloat16), torch.ones(1024)
     y, total = kernel.forward(x, r, None, b)
     config, rank, tensors = cpu_kernels.launched[-1]
-    assert rank == 3 and config == kernel.build_plan(kernel.default_config()).builds["few_rows"]  # 6 rows
+    assert rank == 3 and config == kernel.build_plan(kernel.default_config()).builds["decode"]  # 6 rows
     assert tensors[:3] == (x, r, b) and tensors[3] is y and tensors[4] is total
     assert y.shape == total.shape == x.shape and y.dtype == x.dtype
     assert kernel.forward(x, r, weight=None, bias=b)[0].shape == x.shape  # keywords bind as the interface's
@@ -340,7 +343,15 @@ def test_a_norm_kernel_passes_its_arguments_in_order_leaving_out_absent_ones_the
 @pytest.mark.parametrize(
     ("kind", "n", "dtype", "rows", "build"),
     [
-        # Few-row build up to FEW_ROWS rows of 1-4 KiB; evict-first over 10 and up to 16 MiB of x.
+        # Decode build up to a row per SM (132 here); few-row build up to FEW_ROWS rows of 1-4 KiB;
+        # evict-first over 10 and up to 16 MiB of x.
+        ("rms_norm", 4096, torch.bfloat16, 1, "decode"),
+        ("rms_norm", 4096, torch.bfloat16, 132, "decode"),
+        ("rms_norm", 4096, torch.bfloat16, 133, "main"),
+        ("add_rms_norm", 7168, torch.float16, 1, "decode"),
+        ("rms_norm", 14336, torch.float32, 8, "decode"),
+        ("layer_norm", 2048, torch.bfloat16, 132, "decode"),
+        ("layer_norm", 2048, torch.bfloat16, 133, "few_rows"),
         ("layer_norm", 2048, torch.bfloat16, 1024, "few_rows"),
         ("layer_norm", 2048, torch.bfloat16, 1025, "main"),
         ("add_rms_norm", 4096, torch.bfloat16, 1280, "main"),  # 10 MiB: not over it
@@ -366,9 +377,10 @@ def test_each_call_takes_the_build_its_size_chooses_from_the_declared_list(cpu_k
 def test_the_kernel_config_shows_the_variant_and_its_extra_builds(cpu_kernels):
     kernel = _norm_kernel("add_layer_norm", "register", 1024, torch.bfloat16, has_bias=True)
     assert kernel.config["variant"] == "register"
+    assert kernel.config["decode_build"]["max_rows"] == 132 and kernel.config["decode_build"]["preload"]
     assert kernel.config["few_row_build"]["max_rows"] == 1024
     assert kernel.config["evict_first_build"] == {"x_bytes": (10 * 2**20, 16 * 2**20)}
-    assert list(kernel.compiled) == ["main", "few_rows", "evict_first"]
+    assert list(kernel.compiled) == ["main", "decode", "few_rows", "evict_first"]
     assert sorted(kernel.compiled["main"]) == [2]  # the main build of (m, n) rows compiles with the kernel
 
 
@@ -479,6 +491,41 @@ def test_the_few_row_build_is_for_rows_over_1_and_up_to_4_kib_not_already_one_pe
     assert policy.FEW_ROWS == 1024
 
 
+@pytest.mark.parametrize(
+    ("kind", "n", "dtype", "threads"),
+    [
+        # Four 16-byte vectors a thread, 128 to 512 threads (then up to eight vectors each), no
+        # more threads than vectors.
+        ("add_rms_norm", 7168, torch.float16, 256),  # 896 vectors: 224 threads' worth, a power of two up
+        ("rms_norm", 3072, torch.bfloat16, 128),
+        ("rms_norm", 14336, torch.float32, 512),  # 3584 vectors: seven a thread
+        ("layer_norm", 8192, torch.bfloat16, 256),
+        ("rms_norm", 1024, torch.bfloat16, 128),  # 128 vectors: one a thread
+        ("rms_norm", 128, torch.bfloat16, 16),  # a per-head norm: 16 vectors, 16 threads
+        ("add_layer_norm", 32768, torch.bfloat16, 512),  # eight vectors a thread
+        # None: more than eight vectors a thread; the scalar variant (no 16-byte vectors).
+        ("rms_norm", 40960, torch.bfloat16, None),  # 5120 vectors: ten a thread
+        ("rms_norm", 65536, torch.bfloat16, None),
+        ("layer_norm", 32768, torch.float32, None),
+        ("rms_norm", 1001, torch.bfloat16, None),
+    ],
+)
+def test_the_decode_build_spreads_one_row_per_block_over_threads_at_four_vectors_each(kind, n, dtype, threads):
+    variant = _selected_variant(kind, n, dtype)
+    config = policy.launch_config(kind, variant, n, dtype)
+    decode = policy.decode_config(kind, n, dtype, config)
+    if threads is None:
+        assert decode is None
+        return
+    assert decode == {**config, "mode": "register", "rows": 1, "tpr": threads, "unroll": 4, "preload": True}
+
+
+def test_a_decode_build_that_is_the_launch_configuration_itself_is_none():
+    config = policy.launch_config("rms_norm", "register", 4096, torch.bfloat16)
+    decode = policy.decode_config("rms_norm", 4096, torch.bfloat16, config)
+    assert decode is not None and policy.decode_config("rms_norm", 4096, torch.bfloat16, decode) is None
+
+
 def test_an_evict_first_build_where_there_is_none_is_refused_with_the_reason():
     config = policy.launch_config("rms_norm", "register", 4096, torch.bfloat16)
     with pytest.raises(ValueError, match="fused kinds in registers.*not rms_norm mode=register"):
@@ -548,13 +595,13 @@ def test_forward_saving_launches_the_twin_build_the_call_chooses_and_returns_the
     x, r, b = torch.zeros(2, 3, 1024, dtype=torch.bfloat16), torch.ones(2, 3, 1024, dtype=torch.bfloat16), torch.ones(1024)
     (y, total), (mean, rstd) = kernel.forward_saving(x, r, None, b)
     config, rank, tensors = cpu_kernels.launched[-1]
-    assert rank == 3 and config == kernel.build_plan(kernel.default_config()).builds["few_rows"]  # 6 rows
+    assert rank == 3 and config == kernel.build_plan(kernel.default_config()).builds["decode"]  # 6 rows
     assert tensors[:3] == (x, r, b) and [t.data_ptr() for t in tensors[3:]] == [t.data_ptr() for t in (y, total, mean, rstd)]
     assert y.shape == total.shape == x.shape and y.dtype == total.dtype == x.dtype
     assert mean.shape == rstd.shape == (2, 3) and mean.dtype == rstd.dtype == torch.float32
     twin = kernel._saving_twin
     assert twin.save_stats and not kernel.save_stats and twin.config == kernel.config
-    assert list(twin.compiled) == list(kernel.compiled) and sorted(twin.compiled["few_rows"]) == [3]
+    assert list(twin.compiled) == list(kernel.compiled) and sorted(twin.compiled["decode"]) == [3]
     assert not twin.compiled["main"]  # the twin compiles a rank on its first call, not with itself
     kernel.forward_saving(torch.zeros(5121, 1024, dtype=torch.bfloat16), torch.zeros(5121, 1024, dtype=torch.bfloat16), None, b)
     assert cpu_kernels.launched[-1][0] == kernel.build_plan(kernel.default_config()).builds["evict_first"]

@@ -9,10 +9,11 @@ vector accesses. ``KERNELS`` (interface -> key -> class) is the table the ops na
 several variants serve a call the earlier beats the later (``preferred_over``), and the scalar
 one is ``general``. Their boundaries are ``policy.refusal`` (measured on an H200).
 
-Besides its main build, a kernel may have two more, chosen per call by x's size (``build_plan``):
-a few-row build for calls of at most ``policy.FEW_ROWS`` rows (``policy.few_row_config``), and,
-in the fused kinds' register variant, one for calls whose x straddles the L2
-(``policy.evict_first_elements``).
+Besides its main build, a kernel may have three more, chosen per call by x's size
+(``build_plan``): a decode build for calls of at most one row per SM of its device
+(``policy.decode_config``), a few-row build for calls of at most ``policy.FEW_ROWS`` rows
+(``policy.few_row_config``), and, in the fused kinds' register variant, one for calls whose x
+straddles the L2 (``policy.evict_first_elements``).
 
 A differentiated call goes through ``forward_saving``, which also returns the statistics the
 backward reads, written by the same pass: it launches a twin kernel (``_saving_class``) of the
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tileops.core import facts_for
 from tileops.ops.norm import (
     FusedAddLayerNormFwdInterface,
     FusedAddRMSNormFwdInterface,
@@ -43,6 +45,7 @@ from ..kernel import BuildPlan, Output, TileLangKernel
 _FEW_ROW_CALLS_UNTUNED = (
     f"calls of at most {policy.FEW_ROWS} rows run the few-row build, whose configuration is fixed"
 )
+_DECODE_CALLS_UNTUNED = "calls of at most one row per SM run the decode build, whose configuration is fixed"
 
 
 class _TileLangNorm(TileLangKernel):
@@ -78,12 +81,19 @@ class _TileLangNorm(TileLangKernel):
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         n, dtype = self.params.n, self.params.dtype
+        decode = policy.decode_config(self.kind, n, dtype, config)
         few_rows = policy.few_row_config(self.kind, n, dtype, config)
         window = policy.evict_first_elements(self.kind, dtype, config, self.tilelang_target)
         builds = {"main": config}
         choices: list[tuple[int, str]] = []
         untuned = {}
         shown = {"variant": self.variant, **config}
+        if decode is not None:
+            sm_count = self._sm_count()
+            builds["decode"] = decode
+            choices.append((sm_count * n, "decode"))
+            untuned["decode"] = _DECODE_CALLS_UNTUNED
+            shown["decode_build"] = {"max_rows": sm_count, **decode}
         if few_rows is not None:
             builds["few_rows"] = few_rows
             choices.append((policy.FEW_ROWS * n, "few_rows"))
@@ -95,6 +105,11 @@ class _TileLangNorm(TileLangKernel):
             choices += [(above, "main"), (up_to, "evict_first")]
             shown["evict_first_build"] = {"x_bytes": tuple(size * dtype.itemsize for size in window)}
         return BuildPlan(builds, tuple(choices), untuned=untuned, shown=shown)
+
+    def _sm_count(self) -> int:
+        """The SMs of the kernel's device (one where unknown: a decode build for single rows)."""
+        facts = facts_for(self.device)
+        return facts.sm_count if facts is not None and facts.sm_count else 1
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
         call = self.params
