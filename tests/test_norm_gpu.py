@@ -156,21 +156,15 @@ def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_wit
     assert sorted(kernel.compiled["evict_first"]) == [2, 3]  # built for the two 16 MiB calls only
 
 
-@pytest.mark.parametrize(
-    ("op_class", "n", "dtype"),
-    [(LayerNormFwdOp, 2048, torch.bfloat16), (LayerNormFwdOp, 768, torch.float16), (FusedAddLayerNormFwdOp, 2048, torch.bfloat16),
-     (FusedAddLayerNormFwdOp, 1024, torch.float16), (RMSNormFwdOp, 1024, torch.bfloat16)],
-    ids=lambda v: getattr(v, "__name__", str(v)),
-)
-def test_calls_of_at_most_1024_rows_take_the_few_row_build_and_compute_alike(op_class, n, dtype):
-    # Rows of 1.5-4 KiB: up to 1024 rows (any rank) one row per block in registers, more rows
-    # the main build; both against the reference, and the few-row build close to the main one.
+def _calls_compute_as_the_reference_and_the_main_build(op_class, n, dtype, shapes):
+    """Calls of ``op_class(n)`` on inputs of each shape against the reference and against the
+    main build of the kernel that served them (the same kernel for every shape); that kernel."""
     atol, rtol = TOLERANCE[dtype]
     fused, layer = op_class in (FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp), op_class in (LayerNormFwdOp, FusedAddLayerNormFwdOp)
     op = op_class(n)
     params = [torch.randn(n, device="cuda", dtype=dtype) for _ in range(2 if layer else 1)]
     reference = _reference_layer_norm if layer else _reference_rms_norm
-    for shape in [(1, n), (64, n), (1024, n), (2, 512, n), (1025, n), (4096, n)]:
+    for shape in shapes:
         x, r = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
         y, total = op(x, r, *params) if fused else (op(x, *params), x)
         torch.testing.assert_close(total, x + r if fused else x, atol=0, rtol=0)
@@ -179,6 +173,21 @@ def test_calls_of_at_most_1024_rows_take_the_few_row_build_and_compute_alike(op_
         main_y, main_total = torch.empty_like(x), torch.empty_like(x)
         kernel.compiled["main"][x.dim()](*((x, r) if fused else (x,)), *params, main_y, *((main_total,) if fused else ()))
         torch.testing.assert_close(y, main_y, atol=atol, rtol=rtol)
+    return kernel
+
+
+@pytest.mark.parametrize(
+    ("op_class", "n", "dtype"),
+    [(LayerNormFwdOp, 2048, torch.bfloat16), (LayerNormFwdOp, 768, torch.float16), (FusedAddLayerNormFwdOp, 2048, torch.bfloat16),
+     (FusedAddLayerNormFwdOp, 1024, torch.float16), (RMSNormFwdOp, 1024, torch.bfloat16)],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_calls_of_at_most_1024_rows_take_the_few_row_build_and_compute_alike(op_class, n, dtype):
+    # Rows of 1.5-4 KiB: from a row per SM (the decode build's) up to 1024 rows (any rank) one
+    # row per block in registers, more rows the main build; both against the reference, and the
+    # few-row build close to the main one.
+    shapes = [(1, n), (256, n), (1024, n), (2, 512, n), (1025, n), (4096, n)]
+    kernel = _calls_compute_as_the_reference_and_the_main_build(op_class, n, dtype, shapes)
     few_rows = kernel.config["few_row_build"]
     assert (few_rows["mode"], few_rows["rows"], few_rows["max_rows"]) == ("register", 1, 1024)
     assert sorted(kernel.compiled["few_rows"]) == [2, 3]  # built for the calls of at most 1024 rows only
@@ -194,21 +203,9 @@ DECODE_CASES = [(FusedAddRMSNormFwdOp, 7168, torch.float16), (RMSNormFwdOp, 1433
 def test_calls_of_at_most_a_row_per_sm_take_the_decode_build_and_compute_alike(op_class, n, dtype):
     # Decode rows (one per block in registers, weight and bias loaded with x) against the
     # reference and the main build, up to a row per SM (any rank); one more row leaves it.
-    atol, rtol = TOLERANCE[dtype]
-    fused, layer = op_class in (FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp), op_class in (LayerNormFwdOp, FusedAddLayerNormFwdOp)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    op = op_class(n)
-    params = [torch.randn(n, device="cuda", dtype=dtype) for _ in range(2 if layer else 1)]
-    reference = _reference_layer_norm if layer else _reference_rms_norm
-    for shape in [(1, n), (7, n), (2, 3, n), (sms, n), (sms + 1, n)]:
-        x, r = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
-        y, total = op(x, r, *params) if fused else (op(x, *params), x)
-        torch.testing.assert_close(total, x + r if fused else x, atol=0, rtol=0)
-        torch.testing.assert_close(y, reference(total, *params), atol=atol, rtol=rtol)
-        ((_, kernel),) = op.built_kernels()
-        main_y, main_total = torch.empty_like(x), torch.empty_like(x)
-        kernel.compiled["main"][x.dim()](*((x, r) if fused else (x,)), *params, main_y, *((main_total,) if fused else ()))
-        torch.testing.assert_close(y, main_y, atol=atol, rtol=rtol)
+    shapes = [(1, n), (7, n), (2, 3, n), (sms, n), (sms + 1, n)]
+    kernel = _calls_compute_as_the_reference_and_the_main_build(op_class, n, dtype, shapes)
     decode = kernel.config["decode_build"]
     assert (decode["mode"], decode["rows"], decode["preload"], decode["max_rows"]) == ("register", 1, True, sms)
     assert sorted(kernel.compiled["decode"]) == [2, 3]
