@@ -132,7 +132,7 @@ for kind, n, variant in [("layer_norm", 2048, "streamed"), ("add_layer_norm", 20
     has_bias = kind.endswith("layer_norm")
     kernel = programs.compile_config(kind, n, torch.bfloat16, 1e-5, True, has_bias, target, leading=2, **few_rows)
     print(kind, n, "__global__" in kernel.get_kernel_source())
-# A decode build: a 7168-wide fp16 row over 512 threads, weight loaded with x and the residual.
+# A decode build: a 7168-wide fp16 row over 256 threads, weight loaded with x and the residual.
 config = policy.launch_config("add_rms_norm", "shared", 7168, torch.float16)
 decode = policy.decode_config("add_rms_norm", 7168, torch.float16, config)
 kernel = programs.compile_config("add_rms_norm", 7168, torch.float16, 1e-5, True, False, target, leading=1, **decode)

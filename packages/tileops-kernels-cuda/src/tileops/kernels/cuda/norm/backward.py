@@ -13,8 +13,8 @@ first such call).
 
 The kernels take dy, x (or the residual sum) and dresidual_sum in the caller's shape, (..., n),
 and the statistics in x's leading shape: ``forward`` views them as rows. x may be a row view
-(``NormCall.row_strides``: its pitch), read where it lies by a build for that pitch. They are not tuned:
-the partials' shape follows the launch configuration, which is the rules'.
+(``NormCall.row_strides``: its pitch), read where it lies by a build for that pitch. They are
+not tuned: the partials' shape follows the launch configuration, which is the rules'.
 
 Importing this module does not import tilelang; building a kernel does.
 """
