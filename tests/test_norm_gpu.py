@@ -211,18 +211,24 @@ def test_calls_of_at_most_a_row_per_sm_take_the_decode_build_and_compute_alike(o
     assert sorted(kernel.compiled["decode"]) == [2, 3]
 
 
-def test_a_tune_request_on_a_few_row_call_tunes_nothing_and_says_so(capfd):
+def test_a_tune_request_on_a_few_row_call_tunes_the_few_row_build_alone(capfd):
+    from tileops.kernels.cuda import tuning
+
     op = LayerNormFwdOp(1536)
     x = torch.randn(200, 1536, device="cuda", dtype=torch.bfloat16)  # more rows than SMs: not the decode build
     w, b = torch.randn(1536, device="cuda", dtype=torch.bfloat16), torch.randn(1536, device="cuda", dtype=torch.bfloat16)
     op(x, w, b)
     ((_, kernel),) = op.built_kernels()
-    config = dict(kernel.config)
+    main = {key: kernel.config[key] for key in ("tpr", "rows", "mode", "preload")}
     op.request_tune()
     y = op(x, w, b)
     err = capfd.readouterr().err
-    assert "not tuned, calls of at most 1024 rows run the few-row build" in err, err
-    assert kernel.config == config and kernel._launch_device == x.device.index  # the request is settled
+    assert "(few_rows build)" in err and "chose {" in err, err
+    assert kernel._launch_device == x.device.index  # the request is settled
+    few_rows = kernel.build_plan(kernel.default_config()).builds["few_rows"]
+    assert tuning.chosen(kernel._gpu_model, f"{kernel._tuning_key}/few_rows", few_rows) is not None
+    assert tuning.chosen(kernel._gpu_model, kernel._tuning_key, kernel.default_config()) is None  # main untouched
+    assert {key: kernel.config[key] for key in main} == main
     torch.testing.assert_close(y, _reference_layer_norm(x, w, b), atol=1.6e-2, rtol=1.6e-2)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import torch
 
 from helpers import run_python
 from tileops.kernels.cuda.norm import KERNELS, policy, programs
+from tileops.kernels.cuda.powers import pow2_ceil
 from tileops.ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 
 OPS = {"rms_norm": RMSNormFwdOp, "layer_norm": LayerNormFwdOp, "add_rms_norm": FusedAddRMSNormFwdOp,
@@ -382,6 +384,53 @@ def test_the_kernel_config_shows_the_variant_and_its_extra_builds(cpu_kernels):
     assert kernel.config["evict_first_build"] == {"x_bytes": (10 * 2**20, 16 * 2**20)}
     assert list(kernel.compiled) == ["main", "decode", "few_rows", "evict_first"]
     assert sorted(kernel.compiled["main"]) == [2]  # the main build of (m, n) rows compiles with the kernel
+
+
+def test_a_tune_request_on_a_decode_call_tunes_the_decode_build_under_a_key_of_its_own(cpu_kernels, monkeypatch, tmp_path):
+    import contextlib
+
+    from tileops.kernels.cuda import tuning
+
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_loaded", set())
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    fastest = {"tpr": 128, "preload": False}
+
+    def timed(fn, **_):  # the candidate launched is the one its launch records
+        fn()
+        config = cpu_kernels.launched[-1][0]
+        return 1.0 if all(config[k] == v for k, v in fastest.items()) else 2.0
+
+    monkeypatch.setattr(tuning, "gpu_time_us", timed)
+    kernel = _norm_kernel("add_rms_norm", "shared", 7168, torch.float16)
+    main, decode = kernel.config["tpr"], kernel.build_plan(kernel.default_config()).builds["decode"]
+    x = torch.zeros(1, 7168, dtype=torch.float16)
+    kernel.request_tune()
+    kernel.forward(x, x, None)
+    chosen = {**decode, **fastest}
+    assert kernel.config["tuned_builds"] == {"decode": chosen} and kernel.config["tpr"] == main
+    assert cpu_kernels.launched[-1][0] == chosen  # the call itself ran what tuning chose
+    stored = json.loads((tmp_path / "tuning" / "GPU.json").read_text())
+    assert stored == {f"{kernel._tuning_key}/decode": chosen}  # the main build's key is not tuned
+    again = _norm_kernel("add_rms_norm", "shared", 7168, torch.float16)
+    assert again.config["tuned_builds"] == {"decode": chosen}
+    again.forward(torch.zeros(132, 7168, dtype=torch.float16), torch.zeros(132, 7168, dtype=torch.float16), None)
+    assert cpu_kernels.launched[-1][0] == chosen
+
+
+def test_one_row_candidates_start_with_the_build_and_keep_to_the_register_budget():
+    for n, dtype in [(7168, torch.float16), (14336, torch.float32), (128, torch.bfloat16), (2048, torch.bfloat16)]:
+        config = policy.launch_config("rms_norm", _selected_variant("rms_norm", n, dtype), n, dtype)
+        build = policy.decode_config("rms_norm", n, dtype, config) or policy.few_row_config("rms_norm", n, dtype, config)
+        candidates = policy.one_row_candidates(n, dtype, build)
+        vectors = n // build["vec"]
+        assert candidates[0] == build and len(candidates) == len({tuple(sorted(c.items())) for c in candidates}) > 2
+        for candidate in candidates:
+            assert (candidate["mode"], candidate["rows"]) == ("register", 1)
+            assert candidate["tpr"] <= max(build["tpr"], pow2_ceil(vectors))
+            assert math.ceil(vectors / candidate["tpr"]) <= 8
 
 
 def test_a_kind_with_computed_outputs_allocates_them_from_its_shape_functions(cpu_kernels):

@@ -82,13 +82,17 @@ class BuildPlan:
     (bound, build name) with increasing bounds: a call whose sizing argument (``size_of``) has
     at most ``bound`` elements takes that build, the first that holds; the others ``default``
     (None: the main build). untuned: build name -> why a tuning request on a call it serves
-    tunes nothing. shown: what the kernel's ``config`` shows.
+    tunes nothing. tunable: build name -> the configurations a tuning request on a call that
+    build serves times instead of the main build's (its own first); the fastest replaces it, under
+    a store key of its own (the kernel's and the build's name). shown: what the kernel's
+    ``config`` shows.
     """
 
     builds: Mapping[str, dict[str, Any]]
     choices: tuple[tuple[int, str], ...] = ()
     default: str | None = None
     untuned: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tunable: Mapping[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     shown: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -171,18 +175,27 @@ class TileLangKernel(Kernel):
         bounds = [bound for bound, _ in plan.choices]
         if any(later <= earlier for earlier, later in zip(bounds, bounds[1:])):
             raise ValueError(f"{type(self).__name__}: the bounds of its build choices must increase, got {bounds}")
+        self._main_config = config
         self._choices = tuple((bound, names.index(name)) for bound, name in plan.choices)
         self._default_build = names.index(names[0] if plan.default is None else plan.default)
         self._untuned = {names.index(name): why for name, why in plan.untuned.items()}
+        self._tunable = {names.index(name): (name, candidates) for name, candidates in plan.tunable.items()}
+        # A tunable build that tuning has served runs what it chose.
+        builds = dict(plan.builds)
+        tuned = {}
+        for name in plan.tunable:
+            chosen = tuning.chosen(self._gpu_model, self._build_key(name), builds[name])
+            if chosen is not None and chosen != builds[name]:
+                builds[name] = tuned[name] = chosen
         #: name -> that build's launch functions by rank (compiled on first use).
         self.compiled = {
             name: CompiledByRank(lambda rank, build=build: self._launch_function(build, rank))
-            for name, build in plan.builds.items()
+            for name, build in builds.items()
         }
         self._builds = tuple(self.compiled.values())
         for rank in self.ranks_built_eagerly:
             self._builds[0][rank]
-        self.config = plan.shown
+        self.config = {**plan.shown, "tuned_builds": tuned} if tuned else plan.shown
         if self._like is not None:
             self._fast_forward = fast_launch.launcher(
                 type(self).forward.__get__(self), self._entry, self._launch_device,
@@ -195,6 +208,10 @@ class TileLangKernel(Kernel):
 
     def _launch_function(self, config: dict[str, Any], rank: int) -> Callable[..., None]:
         return entry_function(self.compile(config, rank))
+
+    def _build_key(self, name: str) -> str:
+        """The tuning store's key of the tunable build ``name``: the kernel's, then the name."""
+        return f"{self._tuning_key}/{name}"
 
     def _build_for(self, elements: int) -> int:
         """Which build (its index in ``compiled``) serves a call whose sizing argument has
@@ -256,13 +273,18 @@ class TileLangKernel(Kernel):
 
     # -- tuning -------------------------------------------------------------------------------
     def request_tune(self) -> None:
-        """Time the neighbouring launch configurations on the next call, keep the fastest.
+        """Time the neighbouring launch configurations of the build that serves the next call
+        (the main one, or a build the plan declares tunable), keep the fastest.
 
-        Tuning happens once per build identity and GPU model on a machine (see ``tuning``): a
-        kernel built later for the same identity, in this process or another, starts with the
-        chosen configuration, and a request on an identity already tuned changes nothing.
+        Tuning happens once per build identity (and tunable build) and GPU model on a machine
+        (see ``tuning``): a kernel built later for the same identity, in this process or another,
+        starts with the chosen configurations, and a request where every one is tuned changes
+        nothing.
         """
-        self._tune_pending = tuning.chosen(self._gpu_model, self._tuning_key, self._default_config) is None
+        untuned = [(self._tuning_key, self._default_config)] + [
+            (self._build_key(name), candidates[0]) for name, candidates in self._tunable.values()
+        ]
+        self._tune_pending = any(tuning.chosen(self._gpu_model, key, like) is None for key, like in untuned)
 
     @property
     def _tune_pending(self) -> bool:
@@ -277,7 +299,8 @@ class TileLangKernel(Kernel):
             self._fast_forward.device = self._launch_device
 
     def _tune(self, tensors: list[torch.Tensor], build: int, sized: torch.Tensor) -> int:
-        """Tune the main build on this call's tensors; the build that serves the call after."""
+        """Tune the build that serves this call (the main one, unless the plan declares that
+        build tunable or untuned) on its tensors; the build that serves the call after."""
         if torch.cuda.is_current_stream_capturing():
             return build  # a graph being captured must not see the trial launches; tune after
         what = self.tuning_subject(sized)
@@ -287,14 +310,15 @@ class TileLangKernel(Kernel):
             self._tune_pending = False
             return build
         rank = sized.dim()
+        if build in self._tunable:
+            name, candidates = self._tunable[build]
+            key, what = self._build_key(name), f"{what} ({name} build)"
+        else:
+            key, candidates = self._tuning_key, self.tuning_candidates()
         config = tuning.tune(
-            self._gpu_model,
-            self._tuning_key,
-            self.tuning_candidates(),
-            lambda candidate: self._launch_function(candidate, rank),
-            tuple(tensors),
-            what,
+            self._gpu_model, key, candidates, lambda candidate: self._launch_function(candidate, rank),
+            tuple(tensors), what,
         )
-        self._use(config)
+        self._use(self._main_config if build in self._tunable else config)
         self._tune_pending = False
         return self._build_for(sized.numel())

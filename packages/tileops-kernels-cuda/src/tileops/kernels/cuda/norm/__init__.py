@@ -42,10 +42,6 @@ from tileops.ops.norm import (
 from . import policy, programs
 from ..kernel import BuildPlan, Output, TileLangKernel
 
-_FEW_ROW_CALLS_UNTUNED = (
-    f"calls of at most {policy.FEW_ROWS} rows run the few-row build, whose configuration is fixed"
-)
-_DECODE_CALLS_UNTUNED = "calls of at most one row per SM run the decode build, whose configuration is fixed"
 
 
 class _TileLangNorm(TileLangKernel):
@@ -86,25 +82,27 @@ class _TileLangNorm(TileLangKernel):
         window = policy.evict_first_elements(self.kind, dtype, config, self.tilelang_target)
         builds = {"main": config}
         choices: list[tuple[int, str]] = []
-        untuned = {}
+        tunable = {}
         shown = {"variant": self.variant, **config}
+        # The decode and few-row builds run one row per block in registers: a tuning request on
+        # a call they serve times their own neighbours (threads per row, weight loaded early).
         if decode is not None:
             sm_count = self._sm_count()
             builds["decode"] = decode
             choices.append((sm_count * n, "decode"))
-            untuned["decode"] = _DECODE_CALLS_UNTUNED
+            tunable["decode"] = policy.one_row_candidates(n, dtype, decode)
             shown["decode_build"] = {"max_rows": sm_count, **decode}
         if few_rows is not None:
             builds["few_rows"] = few_rows
             choices.append((policy.FEW_ROWS * n, "few_rows"))
-            untuned["few_rows"] = _FEW_ROW_CALLS_UNTUNED
+            tunable["few_rows"] = policy.one_row_candidates(n, dtype, few_rows)
             shown["few_row_build"] = {"max_rows": policy.FEW_ROWS, **few_rows}
         if window is not None:
             above, up_to = window
             builds["evict_first"] = {**config, "evict_first_inputs": True}
             choices += [(above, "main"), (up_to, "evict_first")]
             shown["evict_first_build"] = {"x_bytes": tuple(size * dtype.itemsize for size in window)}
-        return BuildPlan(builds, tuple(choices), untuned=untuned, shown=shown)
+        return BuildPlan(builds, tuple(choices), tunable=tunable, shown=shown)
 
     def _sm_count(self) -> int:
         """The SMs of the kernel's device (one where unknown: a decode build for single rows)."""

@@ -398,6 +398,26 @@ def decode_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any])
     return None if decode == config else decode
 
 
+def one_row_candidates(n: int, dtype: torch.dtype, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Configurations worth timing for a build of one row per block in registers (the decode
+    and few-row builds' ``config``), that one first: every power of two of threads per row from
+    the fewest that hold the row at ``_DECODE_MAX_VECTORS_PER_THREAD`` vectors each to one
+    thread per vector (at most 1024), the weight and bias loaded with the row or after the
+    reduction. The decode rule was fitted on ten shapes of one GPU; another GPU, or another
+    width, may want a neighbour."""
+    vectors = n // config["vec"]
+    fewest = pow2_ceil(math.ceil(vectors / _DECODE_MAX_VECTORS_PER_THREAD))
+    candidates = [config]
+    for threads in (1 << k for k in range(fewest.bit_length() - 1, MAX_THREADS.bit_length())):
+        if threads > pow2_ceil(vectors):
+            break
+        for preload in (True, False):
+            candidate = {**config, "tpr": threads, "preload": preload}
+            if candidate not in candidates:
+                candidates.append(candidate)
+    return candidates
+
+
 def has_cache_priorities(target: str | dict) -> bool:
     """Whether ``target``'s GPU has L2 cache-policy loads (``createpolicy``: sm_80 and later).
 
