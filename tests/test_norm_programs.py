@@ -305,13 +305,13 @@ class _Launches:
 def cpu_kernels(monkeypatch):
     """Kernels built for cuda:0 with their programs, device facts and the C++ launcher replaced,
     so that the production forward runs on CPU tensors."""
+    from tileops.core import DeviceFacts
     from tileops.kernels.cuda import fast_launch
     from tileops.kernels.cuda import kernel as kernel_module
-
     from tileops.kernels.cuda import norm as norm_kernels
 
     launches = _Launches()
-    monkeypatch.setattr(norm_kernels._TileLangNorm, "_sm_count", lambda self: 132)  # an H100's or H200's
+    monkeypatch.setattr(norm_kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))  # an H100's
     monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
     monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
     monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)

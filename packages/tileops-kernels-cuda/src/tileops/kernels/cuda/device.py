@@ -1,5 +1,6 @@
 """What the CUDA kernels need to know about the device and machine they are built on: the
-compile target, the GPU model, where per-machine results are kept, and the current device."""
+compile target, the SM count, the GPU model, where per-machine results are kept, and the current
+device."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tileops.core import facts_for
+from tileops.core import DeviceFacts, facts_for
 
 
 def compile_target(device: torch.device) -> dict[str, str]:
@@ -24,6 +25,12 @@ def hopper_target(target: dict) -> dict:
     warp-specialised pipelines are instructions of the architecture-specific sm_90a only (built
     for plain sm_90, a wgmma kernel stops on a device-side assert)."""
     return dict(target, arch="sm_90a") if target.get("arch") == "sm_90" else dict(target)
+
+
+def sm_count(facts: DeviceFacts | None) -> int:
+    """The SMs of a device with ``facts``, 1 where they do not say: rules that give each SM its
+    share of a call then plan for a single one."""
+    return facts.sm_count if facts is not None and facts.sm_count else 1
 
 
 def gpu_model(device: torch.device) -> str:

@@ -24,6 +24,7 @@ from tileops.ops.activation import (
     PackedGatedFwdInterface,
 )
 
+from ..device import sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 from . import policy, programs
 
@@ -39,8 +40,7 @@ class _TileLangActivation(TileLangKernel):
     ranks_built_eagerly = (1,)  # the 1-D kinds take 1-D tensors: compiled with the kernel
 
     def __init__(self, call) -> None:
-        facts = facts_for(call.device)
-        self.sm_count = facts.sm_count if facts is not None and facts.sm_count else 1
+        self.sm_count = sm_count(facts_for(call.device))
         super().__init__(call.device, call)
 
     @classmethod

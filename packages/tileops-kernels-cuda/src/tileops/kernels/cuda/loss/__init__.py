@@ -19,7 +19,7 @@ from tileops.core import facts_for
 from tileops.ops.loss import CrossEntropyGradInterface, CrossEntropyRowsInterface
 
 from ..compile import entry_function
-from ..device import current_device_index
+from ..device import current_device_index, sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 from . import policy, programs
 
@@ -37,8 +37,7 @@ class _TileLangLoss(TileLangKernel):
     general = True  # serves every call of its dtypes (scalar programs where not aligned)
 
     def __init__(self, call) -> None:
-        facts = facts_for(call.device)
-        self.sm_count = facts.sm_count if facts is not None and facts.sm_count else 1
+        self.sm_count = sm_count(facts_for(call.device))
         super().__init__(call.device, call)
 
     @classmethod

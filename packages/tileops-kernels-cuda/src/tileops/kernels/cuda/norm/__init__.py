@@ -40,6 +40,7 @@ from tileops.ops.norm import (
 )
 
 from . import policy, programs
+from ..device import sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 
 
@@ -63,6 +64,7 @@ class _TileLangNorm(TileLangKernel):
     save_stats: ClassVar[bool] = False
 
     def __init__(self, call: NormCall) -> None:
+        self.sm_count = sm_count(facts_for(call.device))  # the decode build serves a row per SM
         super().__init__(call.device, call)
 
     def identity(self) -> tuple:
@@ -87,11 +89,10 @@ class _TileLangNorm(TileLangKernel):
         # The decode and few-row builds run one row per block in registers: a tuning request on
         # a call they serve times their own neighbours (threads per row, weight loaded early).
         if decode is not None:
-            sm_count = self._sm_count()
             builds["decode"] = decode
-            choices.append((sm_count * n, "decode"))
+            choices.append((self.sm_count * n, "decode"))
             tunable["decode"] = policy.one_row_candidates(n, dtype, decode)
-            shown["decode_build"] = {"max_rows": sm_count, **decode}
+            shown["decode_build"] = {"max_rows": self.sm_count, **decode}
         if few_rows is not None:
             builds["few_rows"] = few_rows
             choices.append((policy.FEW_ROWS * n, "few_rows"))
@@ -103,11 +104,6 @@ class _TileLangNorm(TileLangKernel):
             choices += [(above, "main"), (up_to, "evict_first")]
             shown["evict_first_build"] = {"x_bytes": tuple(size * dtype.itemsize for size in window)}
         return BuildPlan(builds, tuple(choices), tunable=tunable, shown=shown)
-
-    def _sm_count(self) -> int:
-        """The SMs of the kernel's device (one where unknown: a decode build for single rows)."""
-        facts = facts_for(self.device)
-        return facts.sm_count if facts is not None and facts.sm_count else 1
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
         call = self.params

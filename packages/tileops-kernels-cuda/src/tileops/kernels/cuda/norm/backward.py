@@ -38,6 +38,7 @@ from tileops.ops.norm import (
 from . import backward_policy as policy
 from . import backward_programs as programs
 from ..compile import entry_function
+from ..device import sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 
 _STATISTICS = ("mean", "rstd")
@@ -80,9 +81,7 @@ class _TileLangNormBwd(TileLangKernel):
 
     def __init__(self, call: NormCall) -> None:
         config = policy.launch_config(self.kind, self.variant, call.n, call.dtype)
-        facts = facts_for(call.device)
-        sm_count = facts.sm_count if facts is not None and facts.sm_count else 1
-        super().__init__(call.device, _Params(call, self.kind, config, sm_count))
+        super().__init__(call.device, _Params(call, self.kind, config, sm_count(facts_for(call.device))))
 
     def identity(self) -> tuple:
         call = self.params.call

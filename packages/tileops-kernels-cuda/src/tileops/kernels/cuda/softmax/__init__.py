@@ -21,6 +21,7 @@ from tileops.core import facts_for
 from tileops.ops.softmax import SoftmaxBwdInterface, SoftmaxCall, SoftmaxFwdInterface
 
 from ..compile import entry_function
+from ..device import sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 from . import policy, programs
 
@@ -41,8 +42,7 @@ class _TileLangSoftmax(TileLangKernel):
     ranks_built_eagerly = (2,)  # the interfaces take (m, n) rows: compiled with the kernel
 
     def __init__(self, call: SoftmaxCall) -> None:
-        facts = facts_for(call.device)
-        self.sm_count = facts.sm_count if facts is not None and facts.sm_count else 1
+        self.sm_count = sm_count(facts_for(call.device))
         # y like x (allocated by the C++ launch path) where nothing differs but the values; the
         # streamed kernels' split build launches twice from Python, so they allocate in Python.
         if self.variant == "register" and call.out_dtype == call.dtype:
