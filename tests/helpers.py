@@ -183,3 +183,25 @@ def compile_attention_programs(calls, programs: str) -> None:
     for process in processes:
         _, err = process.communicate(timeout=1800)
         assert process.returncode == 0, err[-4000:]
+
+
+def tuning_timed_by_config(monkeypatch: pytest.MonkeyPatch, store: Path, launched: list, fastest: dict) -> None:
+    """Make tuning run on CPU tensors against a fresh store in ``store``: a candidate times 1 us
+    where the configuration its launch recorded (the first item of ``launched``'s last entry)
+    holds every item of ``fastest``, 2 us otherwise."""
+    import contextlib
+
+    from tileops.kernels.cuda import tuning
+
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(store))
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_loaded", set())
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def timed(fn, **_):
+        fn()
+        config = launched[-1][0]
+        return 1.0 if all(config.get(key) == value for key, value in fastest.items()) else 2.0
+
+    monkeypatch.setattr(tuning, "gpu_time_us", timed)

@@ -156,3 +156,25 @@ def test_a_tensor_of_more_than_2_31_elements_is_computed_to_its_end():
         torch.testing.assert_close(y[part], F.silu(x[part].float()).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
     del y
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_every_small_build_tuning_candidate_computes_as_the_reference(dtype):
+    # request_tune on a small call may choose any of them; 5000 elements leave a partial block.
+    from tileops.kernels.cuda.activation import KERNELS, policy
+    from tileops.ops.activation import ActivationFwdInterface, GatedFwdInterface
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    gate, up = torch.randn(5000, device="cuda", dtype=dtype), torch.randn(5000, device="cuda", dtype=dtype)
+    silu = KERNELS[ActivationFwdInterface]["tilelang"](SiLUFwdOp().call_spec(ActivationFwdInterface, device, dtype, True))
+    swiglu = KERNELS[GatedFwdInterface]["tilelang"](SwiGLUFwdOp().call_spec(GatedFwdInterface, device, dtype, True))
+    tolerance = _tolerance(SiLUFwdOp, dtype)
+    for kernel, inputs, expected in [
+        (silu, (gate,), F.silu(gate.double())),
+        (swiglu, (gate, up), F.silu(gate.double()) * up.double()),
+    ]:
+        small = kernel.build_plan(kernel.default_config()).builds["small"]
+        for config in policy.small_candidates(small):
+            y = torch.empty_like(gate)
+            kernel._launch_function(config, 1)(*inputs, y)
+            torch.testing.assert_close(y.double(), expected, **tolerance, msg=lambda m, config=config: f"{config}: {m}")

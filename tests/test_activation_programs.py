@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import run_python
+from helpers import run_python, tuning_timed_by_config
 from tileops.kernels.cuda import activation as kernels
 from tileops.kernels.cuda.activation import KERNELS, policy, programs
 from tileops.ops.activation import (
@@ -125,6 +125,27 @@ def test_large_calls_take_the_main_build_and_unaligned_kernels_the_scalar_progra
     assert launches[-1][0] == {"vec": 1, "threads": 256, "per_thread": 1}  # three inputs: one access each
     kernel.forward(*(t[:bound] for t in tensors))
     assert launches[-1][0] == {"vec": 1, **policy.SMALL}
+
+
+def test_a_tune_request_on_a_small_call_tunes_the_small_build_under_a_key_of_its_own(launches, monkeypatch, tmp_path):
+    import json
+
+    fastest = {"threads": 64, "per_thread": 2}
+    tuning_timed_by_config(monkeypatch, tmp_path, launches, fastest)
+    kernel = _kernel(SiLUFwdOp(), ActivationFwdInterface, torch.bfloat16)
+    small = {"vec": 8, **policy.SMALL}
+    assert policy.small_candidates(small)[0] == small and len(policy.small_candidates(small)) == 6
+    kernel.request_tune()
+    kernel.forward(torch.zeros(4096, dtype=torch.bfloat16))
+    chosen = {**small, **fastest}
+    assert kernel.config["tuned_builds"] == {"small": chosen}
+    assert launches[-1][0] == chosen  # the call itself ran what tuning chose
+    assert kernel.config["threads"] == policy.THREADS  # the main build is left as it was
+    stored = json.loads((tmp_path / "tuning" / "GPU.json").read_text())
+    assert stored == {f"{kernel._tuning_key}/small": chosen}
+    again = _kernel(SiLUFwdOp(), ActivationFwdInterface, torch.bfloat16)
+    again.forward(torch.zeros(8192, dtype=torch.bfloat16))
+    assert launches[-1][0] == chosen  # a later kernel of the same identity starts with it
 
 
 def test_the_packed_kernels_allocate_half_rows_forward_and_x_shaped_gradients(launches):

@@ -207,3 +207,26 @@ def test_linear_cross_entropy_matches_torch_and_needs_less_memory_than_the_logit
     for got, want in ((dhidden, h.grad), (dweight, w.grad)):
         scale = want.abs().max().item()
         torch.testing.assert_close(got.double() / scale, want / scale, atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("vocab", [128256, 256000])
+def test_every_split_build_tuning_candidate_gives_torchs_loss_and_lse(vocab):
+    # request_tune on a call of few rows may choose any of them (other split and thread counts).
+    from tileops.kernels.cuda.loss import KERNELS, policy
+    from tileops.ops.loss import CrossEntropyRowsInterface
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    logits = torch.randn(3, vocab, device="cuda", dtype=torch.bfloat16) * 3
+    target_ids = torch.tensor([0, vocab - 1, 12345], device="cuda")
+    spec = CrossEntropyFwdOp().call_spec(CrossEntropyRowsInterface, device, torch.bfloat16, vocab, torch.int64, True)
+    kernel = KERNELS[CrossEntropyRowsInterface]["tilelang"](spec)
+    expected_loss = torch.nn.functional.cross_entropy(logits.double(), target_ids, reduction="none")
+    expected_lse = torch.logsumexp(logits.double(), -1)
+    tiers = policy.row_tiers(kernel.default_config(), vocab, kernel.sm_count)
+    assert tiers
+    for _, tier in tiers:
+        for config in policy.tier_candidates(tier, vocab):
+            loss, lse = torch.empty(3, device="cuda"), torch.empty(3, device="cuda")
+            kernel._launch_function(config, 2)(logits, target_ids, loss, lse)
+            torch.testing.assert_close(loss.double(), expected_loss, atol=1e-3, rtol=1e-4, msg=lambda m, config=config: f"{config}: {m}")
+            torch.testing.assert_close(lse.double(), expected_lse, atol=1e-3, rtol=1e-4, msg=lambda m, config=config: f"{config}: {m}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import run_python
+from helpers import run_python, tuning_timed_by_config
 from tileops.core import DeviceFacts
 from tileops.kernels.cuda import loss as kernels
 from tileops.kernels.cuda.loss import KERNELS, policy, programs
@@ -66,6 +66,36 @@ def test_the_rows_kernel_allocates_float32_rows_and_takes_a_split_build_for_few_
     assert config["splits"] == 15  # two rows: the rows<=4 build
     kernel.forward(torch.zeros(65, 256000, dtype=torch.bfloat16), torch.zeros(65, dtype=torch.long))
     assert launches[-1][0]["splits"] == 1
+
+
+def test_tier_candidates_keep_at_least_two_spans_of_one_unrolled_step_each():
+    config = policy.rows_config(torch.bfloat16, 256000, True)
+    (_, tier), *_ = policy.row_tiers(config, 256000, 132)
+    candidates = policy.tier_candidates(tier, 256000)
+    assert candidates[0] == tier and len(candidates) == len({tuple(sorted(c.items())) for c in candidates}) == 5
+    for candidate in candidates:
+        assert 2 <= candidate["splits"] <= 32000 // (candidate["threads"] * candidate["unroll"])
+        assert 32 <= candidate["threads"] <= policy.MAX_THREADS
+
+
+def test_a_tune_request_on_a_call_of_few_rows_tunes_its_split_build_under_a_key_of_its_own(launches, monkeypatch, tmp_path):
+    import json
+
+    fastest = {"threads": 256, "splits": 30}
+    tuning_timed_by_config(monkeypatch, tmp_path, launches, fastest)
+    op = CrossEntropyFwdOp()
+    spec = op.call_spec(CrossEntropyRowsInterface, CUDA, torch.bfloat16, 256000, torch.int64, True)
+    kernel = KERNELS[CrossEntropyRowsInterface]["tilelang"](spec)
+    tier = dict(policy.row_tiers(kernel.default_config(), 256000, 132))[4]
+    kernel.request_tune()
+    kernel.forward(torch.zeros(2, 256000, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.long))
+    chosen = {**tier, **fastest}
+    assert kernel.config["tuned_builds"] == {"rows<=4": chosen}
+    assert launches[-1][0] == chosen  # the call itself ran what tuning chose
+    stored = json.loads((tmp_path / "tuning" / "GPU.json").read_text())
+    assert stored == {f"{kernel._tuning_key}/rows<=4": chosen}  # neither the main build nor another tier
+    kernel.forward(torch.zeros(1, 256000, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.long))
+    assert launches[-1][0] == dict(policy.row_tiers(kernel.default_config(), 256000, 132))[1]
 
 
 def test_the_grad_kernel_writes_the_tensor_it_is_given(launches):

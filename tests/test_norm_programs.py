@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_python
+from helpers import run_python, tuning_timed_by_config
 from tileops.kernels.cuda.norm import KERNELS, policy, programs
 from tileops.kernels.cuda.powers import pow2_ceil
 from tileops.ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
@@ -387,23 +387,8 @@ def test_the_kernel_config_shows_the_variant_and_its_extra_builds(cpu_kernels):
 
 
 def test_a_tune_request_on_a_decode_call_tunes_the_decode_build_under_a_key_of_its_own(cpu_kernels, monkeypatch, tmp_path):
-    import contextlib
-
-    from tileops.kernels.cuda import tuning
-
-    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning, "_chosen", {})
-    monkeypatch.setattr(tuning, "_loaded", set())
-    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     fastest = {"tpr": 128, "preload": False}
-
-    def timed(fn, **_):  # the candidate launched is the one its launch records
-        fn()
-        config = cpu_kernels.launched[-1][0]
-        return 1.0 if all(config[k] == v for k, v in fastest.items()) else 2.0
-
-    monkeypatch.setattr(tuning, "gpu_time_us", timed)
+    tuning_timed_by_config(monkeypatch, tmp_path, cpu_kernels.launched, fastest)
     kernel = _norm_kernel("add_rms_norm", "shared", 7168, torch.float16)
     main, decode = kernel.config["tpr"], kernel.build_plan(kernel.default_config()).builds["decode"]
     x = torch.zeros(1, 7168, dtype=torch.float16)

@@ -172,3 +172,30 @@ def test_a_tensor_of_more_than_2_31_elements_is_computed_to_its_end():
         torch.testing.assert_close(y[rows], torch.log_softmax(x[rows].double(), -1).bfloat16(), atol=1.6e-2, rtol=1.6e-2)
     del x, y
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("n", [40000, 262144])
+def test_every_split_build_tuning_candidate_computes_as_torch_forward_and_backward(n):
+    # request_tune on a call of few long rows may choose any of them (other chunk and thread counts).
+    from tileops.kernels.cuda.softmax import KERNELS, policy
+    from tileops.ops.softmax import SoftmaxBwdInterface, SoftmaxCall, SoftmaxFwdInterface
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(3, n, device="cuda", dtype=torch.bfloat16) * 4
+    dy = torch.randn_like(x)
+    expected = torch.softmax(x.double(), -1)
+    expected_log = torch.log_softmax(x.double(), -1)
+    y = expected.bfloat16()
+    expected_dx = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
+    sides = [
+        (SoftmaxFwdInterface, "softmax_streamed", False, (x,), expected, 1e-3),
+        (SoftmaxFwdInterface, "softmax_streamed", True, (x,), expected_log, 3e-2),
+        (SoftmaxBwdInterface, "softmax_bwd_streamed", False, (dy, y), expected_dx, 1e-3),
+    ]
+    for interface, key, log, inputs, reference, atol in sides:
+        kernel = KERNELS[interface][key](SoftmaxCall(device, n, torch.bfloat16, torch.bfloat16, log, True))
+        split = kernel.build_plan(kernel.default_config()).builds["split"]
+        for config in policy.split_candidates(n, torch.bfloat16, split):
+            out = torch.empty_like(x)
+            kernel._launch_function(config, 2)(*inputs, out)
+            torch.testing.assert_close(out.double(), reference, atol=atol, rtol=1.6e-2, msg=lambda m, config=config, key=key: f"{key} {config}: {m}")

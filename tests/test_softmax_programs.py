@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import run_python
+from helpers import run_python, tuning_timed_by_config
 from tileops.core import DeviceFacts
 from tileops.kernels.cuda import softmax as kernels
 from tileops.kernels.cuda.softmax import KERNELS, policy, programs
@@ -105,6 +105,37 @@ def test_few_long_rows_take_the_split_build_in_two_launches_through_a_workspace(
     (config, _, tensors), = launches
     assert config == policy.launch_config("streamed", 262144, torch.bfloat16, True) and len(tensors) == 2
     assert kernel.config["split_build"]["max_rows"] == 131
+
+
+def test_split_candidates_halve_and_double_the_chunks_within_the_rule_s_limits():
+    config = policy.launch_config("streamed", 262144, torch.bfloat16, True)
+    split = policy.split_config(262144, torch.bfloat16, config, 132)
+    candidates = policy.split_candidates(262144, torch.bfloat16, split)
+    assert candidates[0] == split and len(candidates) == 6
+    assert {c["chunks"] for c in candidates} == {16, 32}  # 64 chunks would be 8 KiB each
+    assert {c["threads"] for c in candidates} == {128, 256, 512}
+    few = policy.split_config(40000, torch.bfloat16, config, 132)
+    assert {c["chunks"] for c in policy.split_candidates(40000, torch.bfloat16, few)} == {2, 4}
+
+
+def test_a_tune_request_on_a_call_of_few_rows_tunes_the_split_build_under_a_key_of_its_own(launches, monkeypatch, tmp_path):
+    import json
+
+    fastest = {"chunks": 16, "threads": 512}
+    tuning_timed_by_config(monkeypatch, tmp_path, launches, fastest)
+    kernel = KERNELS[SoftmaxFwdInterface]["softmax_streamed"](_call(262144))
+    split = policy.split_config(262144, torch.bfloat16, kernel.default_config(), 132)
+    kernel.request_tune()
+    kernel.forward(torch.zeros(2, 262144, dtype=torch.bfloat16))
+    chosen = {**split, **fastest}
+    assert kernel.config["tuned_builds"] == {"split": chosen}
+    assert launches[-1][0] == {**chosen, "phase": "finish"}  # the call itself ran what tuning chose
+    assert launches[-1][2][1].shape == (2, 16, 2)  # with a workspace of the chosen chunks
+    stored = json.loads((tmp_path / "tuning" / "GPU.json").read_text())
+    assert stored == {f"{kernel._tuning_key}/split": chosen}  # the main build's key is not tuned
+    launches.clear()
+    kernel.forward(torch.zeros(132, 262144, dtype=torch.bfloat16))
+    assert launches[-1][0] == policy.launch_config("streamed", 262144, torch.bfloat16, True)
 
 
 def test_the_backward_kernels_take_dy_and_y_then_dx(launches):

@@ -28,9 +28,6 @@ from ..device import sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 from . import policy, programs
 
-_SMALL_CALLS_UNTUNED = "small calls run the small build, whose configuration is fixed"
-
-
 class _TileLangActivation(TileLangKernel):
     """One compiled activation kernel of one kind (``programs.KINDS``) for a call spec."""
 
@@ -65,8 +62,10 @@ class _TileLangActivation(TileLangKernel):
         small = policy.small_config(config)
         bound = policy.small_call_elements(config, self.sm_count)
         shown = {**config, "small_build": {"max_elements": bound, **small}}
+        # A tuning request on a small call times the small build's own neighbours.
         return BuildPlan(
-            {"main": config, "small": small}, ((bound, "small"),), untuned={"small": _SMALL_CALLS_UNTUNED}, shown=shown
+            {"main": config, "small": small}, ((bound, "small"),), tunable={"small": policy.small_candidates(small)},
+            shown=shown,
         )
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:

@@ -18,8 +18,8 @@ times the tensors the kind reads. Two builds per kernel:
 
 ``vec`` is 16 bytes' worth of elements where the call is aligned (``ActivationCall.aligned``),
 else 1 (the scalar build: any length and alignment). These rules were written from the H200's
-facts (132 SMs, 16-byte accesses) and have not been measured yet; ``tuning_candidates`` are
-what ``request_tune`` times.
+facts (132 SMs, 16-byte accesses) and have not been measured yet; ``tuning_candidates`` (and
+``small_candidates`` on a small call) are what ``request_tune`` times.
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ def launch_config(kind: str, dtype: torch.dtype, aligned: bool) -> dict[str, Any
 def small_config(config: dict[str, Any]) -> dict[str, Any]:
     """The small build's configuration beside main ``config`` (the same access width)."""
     return {"vec": config["vec"], **SMALL}
+
+
+def small_candidates(small: dict[str, Any]) -> list[dict[str, Any]]:
+    """Small-build configurations worth timing, ``small`` first: blocks of 64 to 256 threads of
+    one or two accesses each. A small call is a handful of blocks' latency: whether more, smaller
+    blocks (more SMs) beat fewer, larger ones (fewer block launches) depends on the GPU."""
+    shapes = [(small["threads"], small["per_thread"])]
+    shapes += [(threads, per_thread) for threads in (64, 128, 256) for per_thread in (1, 2)]
+    return [{**small, "threads": threads, "per_thread": per_thread} for threads, per_thread in dict.fromkeys(shapes)]
 
 
 def small_call_elements(config: dict[str, Any], sm_count: int) -> int:

@@ -78,9 +78,10 @@ class CrossEntropyRowsKernel(_TileLangLoss, CrossEntropyRowsInterface):
         tiers = policy.row_tiers(config, vocab, self.sm_count)
         builds = {"main": config, **{f"rows<={rows}": tier for rows, tier in tiers}}
         choices = tuple((rows * vocab, f"rows<={rows}") for rows, _ in tiers)
-        untuned = {f"rows<={rows}": "calls of few rows run a split build, whose configuration follows the main one's" for rows, _ in tiers}
+        # A tuning request on a call of few rows times its split build's own neighbours.
+        tunable = {f"rows<={rows}": policy.tier_candidates(tier, vocab) for rows, tier in tiers}
         shown = {**config, "split_builds": {f"rows<={rows}": tier["splits"] for rows, tier in tiers}}
-        return BuildPlan(builds, choices, untuned=untuned, shown=shown)
+        return BuildPlan(builds, choices, tunable=tunable, shown=shown)
 
     def _launch_function(self, config: dict[str, Any], rank: int):
         # Two programs per build: the split count of ``partial`` is also ``finish``'s.

@@ -16,7 +16,8 @@ and enough blocks to reach every SM:
 
 The grad step is elementwise: 256 threads of 4 accesses each per block, one grid row per logits
 row. These rules were written from the H200's facts (132 SMs, 16-byte accesses) and have not
-been measured yet; ``tuning_candidates`` are what ``request_tune`` times.
+been measured yet; ``rows_candidates`` and ``grad_candidates`` (and ``tier_candidates`` on a call a
+split build serves) are what ``request_tune`` times.
 """
 
 from __future__ import annotations
@@ -75,6 +76,24 @@ def row_tiers(config: dict[str, Any], vocab: int, sm_count: int) -> list[tuple[i
         if splits > 1:
             tiers.append((rows, {**config, "splits": splits}))
     return tiers
+
+
+def tier_candidates(tier: dict[str, Any], vocab: int) -> list[dict[str, Any]]:
+    """Configurations of a split build worth timing, ``tier`` first: half and twice its splits
+    with half, the same and twice its threads, each within the rule's limits (2 to
+    ``MAX_THREADS`` threads' worth of spans, no span shorter than one unrolled step). The rule
+    aims at a fill of the GPU it has not measured."""
+    accesses = vocab // tier["vec"]
+    candidates = [tier]
+    for threads in (tier["threads"] // 2, tier["threads"], tier["threads"] * 2):
+        if not 32 <= threads <= MAX_THREADS:
+            continue
+        most = accesses // (threads * tier["unroll"])
+        for splits in (tier["splits"] // 2, tier["splits"], tier["splits"] * 2):
+            candidate = {**tier, "threads": threads, "splits": splits}
+            if 2 <= splits <= most and candidate not in candidates:
+                candidates.append(candidate)
+    return candidates
 
 
 def rows_candidates(dtype: torch.dtype, vocab: int, aligned: bool) -> list[dict[str, Any]]:

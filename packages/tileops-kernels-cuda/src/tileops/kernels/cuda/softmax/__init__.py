@@ -76,8 +76,9 @@ class _TileLangSoftmax(TileLangKernel):
             return BuildPlan({"main": config}, shown=dict(config))
         rows = policy.split_rows(self.sm_count)
         shown = {**config, "split_build": {"max_rows": rows, **split}}
-        untuned = {"split": f"calls of at most {rows} rows run the split build, whose configuration is fixed"}
-        return BuildPlan({"main": config, "split": split}, ((rows * call.n, "split"),), untuned=untuned, shown=shown)
+        # A tuning request on a call of few rows times the split build's own neighbours.
+        tunable = {"split": policy.split_candidates(call.n, call.dtype, split)}
+        return BuildPlan({"main": config, "split": split}, ((rows * call.n, "split"),), tunable=tunable, shown=shown)
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
         # The interfaces take (m, n) rows, so rank is always 2: one program serves it.

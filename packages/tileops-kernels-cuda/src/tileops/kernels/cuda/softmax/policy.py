@@ -24,7 +24,8 @@ Builds chosen per call by the row count (x's size; n is fixed per kernel):
 Short rows share a block (at least ``_MIN_BLOCK_THREADS`` threads), each row taking about four
 16-byte accesses per thread so that enough loads are in flight. These rules follow from the
 H200's facts (132 SMs, 64K registers and 228 KiB of shared memory per SM, 60 MB of L2, 16-byte
-accesses); ``tuning_candidates`` are what ``request_tune`` times around them.
+accesses); ``tuning_candidates`` (and ``split_candidates`` on a call the split build serves) are
+what ``request_tune`` times around them.
 """
 
 from __future__ import annotations
@@ -99,6 +100,22 @@ def split_config(n: int, dtype: torch.dtype, config: dict[str, Any], sm_count: i
     if chunks < 2:
         return None
     return {"variant": "streamed", "vec": vec, "threads": _SPLIT_THREADS, "unroll": _STREAMED_UNROLL, "chunks": chunks}
+
+
+def split_candidates(n: int, dtype: torch.dtype, split: dict[str, Any]) -> list[dict[str, Any]]:
+    """Split-build configurations worth timing, ``split`` first: half and twice its chunks per
+    row (within two chunks and chunks of ``_MIN_CHUNK_BYTES``), each with blocks of 128 to 512
+    threads. How many blocks a row is best cut into depends on the call's row count and the
+    GPU, which the rule does not see."""
+    most = (n * dtype.itemsize) // _MIN_CHUNK_BYTES
+    chunk_counts = sorted({c for c in (split["chunks"] // 2, split["chunks"], split["chunks"] * 2) if 2 <= c <= most})
+    candidates = [split]
+    for chunks in chunk_counts:
+        for threads in (128, 256, 512):
+            candidate = {**split, "chunks": chunks, "threads": threads}
+            if candidate not in candidates:
+                candidates.append(candidate)
+    return candidates
 
 
 def tuning_candidates(variant: str, n: int, dtype: torch.dtype, aligned: bool) -> list[dict[str, Any]]:
