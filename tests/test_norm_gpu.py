@@ -135,15 +135,24 @@ def test_calls_capture_in_a_cuda_graph_after_one_warm_up():
     torch.testing.assert_close(y, _reference_rms_norm(x + r, w), atol=1.6e-2, rtol=1.6e-2)
 
 
+def _rows_straddling_the_l2(n: int, dtype: torch.dtype) -> int:
+    """An even number of rows of ``n`` whose fused call (x, the residual, y and the sum) is at most
+    16/15 of this GPU's L2, as close to it as rows go: a call the evict-first build serves."""
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    return l2_bytes * 16 // (15 * 4 * dtype.itemsize) // n // 2 * 2
+
+
 @pytest.mark.parametrize("op_class", [FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp], ids=lambda c: c.__name__)
 def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_with_equal_results(op_class):
-    # x of 16 MiB (8192 rows of 1024 bf16, also as 2 x 4096 rows) takes the second build of the
-    # register kernel; 64 and 16384 rows (0.125 and 32 MiB) the first. Both builds compute alike.
+    # x of 16/15 of the L2 over four (8192 rows of 1024 bf16 on a 60 MiB L2, also as two halves)
+    # takes the second build of the register kernel; 64 and twice as many rows the first. Both
+    # builds compute alike.
     n, dtype = 1024, torch.bfloat16
     op = op_class(n)
     params = [torch.randn(n, device="cuda", dtype=dtype) for _ in range(2 if op_class is FusedAddLayerNormFwdOp else 1)]
     reference = _reference_layer_norm if op_class is FusedAddLayerNormFwdOp else _reference_rms_norm
-    for shape in [(64, n), (16384, n), (8192, n), (2, 4096, n)]:
+    rows = _rows_straddling_the_l2(n, dtype)
+    for shape in [(64, n), (2 * rows, n), (rows, n), (2, rows // 2, n)]:
         x, r = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
         y, total = op(x, r, *params)
         torch.testing.assert_close(total, x + r, atol=0, rtol=0)
@@ -153,7 +162,7 @@ def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_wit
         kernel.compiled["main"][x.dim()](x, r, *params, plain_y, plain_total)
         assert torch.equal(y, plain_y) and torch.equal(total, plain_total), shape
     assert kernel.config["variant"] == "register"
-    assert sorted(kernel.compiled["evict_first"]) == [2, 3]  # built for the two 16 MiB calls only
+    assert sorted(kernel.compiled["evict_first"]) == [2, 3]  # built for the two calls that straddle the L2 only
 
 
 def _calls_compute_as_the_reference_and_the_main_build(op_class, n, dtype, shapes):
@@ -182,15 +191,16 @@ def _calls_compute_as_the_reference_and_the_main_build(op_class, n, dtype, shape
      (FusedAddLayerNormFwdOp, 1024, torch.float16), (RMSNormFwdOp, 1024, torch.bfloat16)],
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
-def test_calls_of_at_most_1024_rows_take_the_few_row_build_and_compute_alike(op_class, n, dtype):
-    # Rows of 1.5-4 KiB: from a row per SM (the decode build's) up to 1024 rows (any rank) one
-    # row per block in registers, more rows the main build; both against the reference, and the
-    # few-row build close to the main one.
-    shapes = [(1, n), (256, n), (1024, n), (2, 512, n), (1025, n), (4096, n)]
+def test_calls_of_at_most_eight_rows_per_sm_take_the_few_row_build_and_compute_alike(op_class, n, dtype):
+    # Rows of 1.5-4 KiB: from a row per SM (the decode build's) up to eight rows per SM (any rank)
+    # one row per block in registers, more rows the main build; both against the reference, and
+    # the few-row build close to the main one.
+    few = 8 * torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [(1, n), (256, n), (few, n), (2, few // 2, n), (few + 1, n), (4 * few, n)]
     kernel = _calls_compute_as_the_reference_and_the_main_build(op_class, n, dtype, shapes)
     few_rows = kernel.config["few_row_build"]
-    assert (few_rows["mode"], few_rows["rows"], few_rows["max_rows"]) == ("register", 1, 1024)
-    assert sorted(kernel.compiled["few_rows"]) == [2, 3]  # built for the calls of at most 1024 rows only
+    assert (few_rows["mode"], few_rows["rows"], few_rows["max_rows"]) == ("register", 1, few)
+    assert sorted(kernel.compiled["few_rows"]) == [2, 3]  # built for the calls of at most eight rows per SM only
 
 
 DECODE_CASES = [(FusedAddRMSNormFwdOp, 7168, torch.float16), (RMSNormFwdOp, 14336, torch.float32),
@@ -233,14 +243,16 @@ def test_a_tune_request_on_a_few_row_call_tunes_the_few_row_build_alone(capfd):
 
 
 def test_a_graph_captures_a_fused_call_whose_evict_first_build_is_not_built_yet():
-    # Warmed up on decode rows only: the captured call (16 MiB) is the first to want the second
-    # build, which compiles and loads while the stream captures, and the replay computes right.
+    # Warmed up on decode rows only: the captured call (straddling the L2) is the first to want
+    # the second build, which compiles and loads while the stream captures, and the replay
+    # computes right.
     op = FusedAddRMSNormFwdOp(1024)
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     op(*(torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2)), w)
     ((_, kernel),) = op.built_kernels()
     assert not kernel.compiled["evict_first"]
-    x, r = (torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    rows = _rows_straddling_the_l2(1024, torch.bfloat16)
+    x, r = (torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y, total = op(x, r, w)
@@ -321,7 +333,7 @@ def test_inputs_of_more_than_2_31_elements_are_indexed_in_64_bits(op_class, n, k
 def test_request_tune_on_a_3d_call_times_candidates_of_that_rank(capfd):
     # Tuning compiles and launches each candidate with the call's own tensors, here (2, 640, n):
     # the candidates must be built for three dimensions, or every launch would be refused.
-    # (More than FEW_ROWS rows: fewer run the few-row build, which is not tuned.)
+    # (More rows than the few-row build serves: tuning it is another test's.)
     n = 768  # a row length no other test tunes
     op = RMSNormFwdOp(n)
     x, w = torch.randn(2, 640, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)

@@ -311,7 +311,8 @@ def cpu_kernels(monkeypatch):
     from tileops.kernels.cuda import norm as norm_kernels
 
     launches = _Launches()
-    monkeypatch.setattr(norm_kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))  # an H100's
+    h200 = DeviceFacts("cuda", 90, 132, None, "GPU", l2_bytes=60 * 2**20)
+    monkeypatch.setattr(norm_kernels, "facts_for", lambda device: h200)
     monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
     monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
     monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
@@ -345,8 +346,8 @@ def test_a_norm_kernel_passes_its_arguments_in_order_leaving_out_absent_ones_the
 @pytest.mark.parametrize(
     ("kind", "n", "dtype", "rows", "build"),
     [
-        # Decode build up to a row per SM (132 here); few-row build up to FEW_ROWS rows of 1-4 KiB;
-        # evict-first over 10 and up to 16 MiB of x.
+        # Decode build up to a row per SM (132 here); few-row build up to eight rows per SM of 1-4
+        # KiB; evict-first over 10 and up to 16 MiB of x (the four tensors straddle a 60 MiB L2).
         ("rms_norm", 4096, torch.bfloat16, 1, "decode"),
         ("rms_norm", 4096, torch.bfloat16, 132, "decode"),
         ("rms_norm", 4096, torch.bfloat16, 133, "main"),
@@ -354,8 +355,8 @@ def test_a_norm_kernel_passes_its_arguments_in_order_leaving_out_absent_ones_the
         ("rms_norm", 14336, torch.float32, 8, "decode"),
         ("layer_norm", 2048, torch.bfloat16, 132, "decode"),
         ("layer_norm", 2048, torch.bfloat16, 133, "few_rows"),
-        ("layer_norm", 2048, torch.bfloat16, 1024, "few_rows"),
-        ("layer_norm", 2048, torch.bfloat16, 1025, "main"),
+        ("layer_norm", 2048, torch.bfloat16, 1056, "few_rows"),  # eight rows per SM
+        ("layer_norm", 2048, torch.bfloat16, 1057, "main"),
         ("add_rms_norm", 4096, torch.bfloat16, 1280, "main"),  # 10 MiB: not over it
         ("add_rms_norm", 4096, torch.bfloat16, 1281, "evict_first"),
         ("add_rms_norm", 4096, torch.bfloat16, 2048, "evict_first"),  # 16 MiB
@@ -380,7 +381,7 @@ def test_the_kernel_config_shows_the_variant_and_its_extra_builds(cpu_kernels):
     kernel = _norm_kernel("add_layer_norm", "register", 1024, torch.bfloat16, has_bias=True)
     assert kernel.config["variant"] == "register"
     assert kernel.config["decode_build"]["max_rows"] == 132 and kernel.config["decode_build"]["preload"]
-    assert kernel.config["few_row_build"]["max_rows"] == 1024
+    assert kernel.config["few_row_build"]["max_rows"] == 1056
     assert kernel.config["evict_first_build"] == {"x_bytes": (10 * 2**20, 16 * 2**20)}
     assert list(kernel.compiled) == ["main", "decode", "few_rows", "evict_first"]
     assert sorted(kernel.compiled["main"]) == [2]  # the main build of (m, n) rows compiles with the kernel
@@ -482,14 +483,40 @@ def test_every_op_takes_its_interfaces_keys_from_the_kernels_table_and_the_order
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_only_the_fused_kinds_in_registers_have_an_evict_first_build_and_only_from_sm80(dtype):
-    # The build serves calls whose x is over 10 MiB and at most 16 MiB, whatever the row length.
+    # The build serves calls whose four tensors straddle the L2, whatever the row length: on an
+    # H200's 60 MiB, x over 10 MiB and at most 16 MiB; on an H100's 50 MiB, five sixths of that.
+    h200, h100 = 60 * 2**20, 50 * 2**20
     window = (10 * 2**20 // dtype.itemsize, 16 * 2**20 // dtype.itemsize)
+    sm_90, sm_75 = {"kind": "cuda", "arch": "sm_90"}, {"kind": "cuda", "arch": "sm_75"}
     for kind in policy.KINDS:
         for variant in policy.VARIANTS:
             config = policy.launch_config(kind, variant, 1024, dtype)
             expected = window if kind.startswith("add_") and variant == "register" else None
-            assert policy.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_90"}) == expected
-            assert policy.evict_first_elements(kind, dtype, config, {"kind": "cuda", "arch": "sm_75"}) is None
+            assert policy.evict_first_elements(kind, dtype, config, sm_90, h200) == expected
+            if expected is not None:
+                smaller = policy.evict_first_elements(kind, dtype, config, sm_90, h100)
+                assert smaller == tuple(size * 5 // 6 for size in expected)
+            assert policy.evict_first_elements(kind, dtype, config, sm_75, h200) is None
+            assert policy.evict_first_elements(kind, dtype, config, sm_90, None) is None  # L2 size unknown
+
+
+def test_on_a_small_l2_the_evict_first_window_leaves_the_calls_of_few_rows_their_build(cpu_kernels, monkeypatch):
+    from tileops.core import DeviceFacts
+    from tileops.kernels.cuda import norm as norm_kernels
+
+    # 10 MiB of L2 (x over 1.67 and at most 2.67 MiB) beside the few-row build of 1056 rows of 1024
+    # bf16 elements (2.06 MiB): the window begins at that build's end.
+    small = DeviceFacts("cuda", 86, 132, None, "GPU", l2_bytes=10 * 2**20)
+    monkeypatch.setattr(norm_kernels, "facts_for", lambda device: small)
+    kernel = _norm_kernel("add_layer_norm", "register", 1024, torch.bfloat16)
+    names = list(kernel.compiled)
+    assert [(bound, names[index]) for bound, index in kernel._choices] == [
+        (132 * 1024, "decode"), (1056 * 1024, "few_rows"), (10 * 2**20 * 16 // (15 * 8), "evict_first")
+    ]
+    assert kernel.config["evict_first_build"]["x_bytes"] == (1056 * 1024 * 2, 10 * 2**20 * 16 // (15 * 8) * 2)
+    tiny = DeviceFacts("cuda", 86, 132, None, "GPU", l2_bytes=6 * 2**20)  # the window ends among the few rows
+    monkeypatch.setattr(norm_kernels, "facts_for", lambda device: tiny)
+    assert "evict_first" not in _norm_kernel("add_layer_norm", "register", 1024, torch.bfloat16).compiled
 
 
 @pytest.mark.parametrize(
@@ -522,7 +549,7 @@ def test_the_few_row_build_is_for_rows_over_1_and_up_to_4_kib_not_already_one_pe
         return
     tpr, preload = expected
     assert few_rows == {**config, "mode": "register", "rows": 1, "tpr": tpr, "unroll": 4, "preload": preload}
-    assert policy.FEW_ROWS == 1024
+    assert policy.few_rows(132) == 1056
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,9 @@ class DeviceFacts:
     ``arch`` is ``major * 10 + minor`` on CUDA (90 for Hopper); other device types choose
     their own numbering. ``shared_memory_per_block`` is what one block may opt in to; the
     ``*_per_sm`` facts are what one multiprocessor holds (shared memory in bytes, 32-bit
-    registers, resident threads), from which a launch rule counts the blocks resident at once.
-    Unknown facts are None.
+    registers, resident threads), from which a launch rule counts the blocks resident at once;
+    ``l2_bytes`` is the size of the L2 cache, which tells a rule whether a call's tensors stay on
+    chip between two kernels. Unknown facts are None.
     """
 
     device_type: str
@@ -36,6 +37,7 @@ class DeviceFacts:
     shared_memory_per_sm: int | None = None
     registers_per_sm: int | None = None
     threads_per_sm: int | None = None
+    l2_bytes: int | None = None
 
 
 FactsReader = Callable[[torch.device], DeviceFacts]
@@ -52,6 +54,7 @@ def _cuda_facts(device: torch.device) -> DeviceFacts:
         shared_memory_per_sm=props.shared_memory_per_multiprocessor,
         registers_per_sm=props.regs_per_multiprocessor,
         threads_per_sm=props.max_threads_per_multi_processor,
+        l2_bytes=getattr(props, "L2_cache_size", None) or None,
     )
 
 

@@ -11,9 +11,9 @@ one is ``general``. Their boundaries are ``policy.refusal`` (measured on an H200
 
 Besides its main build, a kernel may have three more, chosen per call by x's size
 (``build_plan``): a decode build for calls of at most one row per SM of its device
-(``policy.decode_config``), a few-row build for calls of at most ``policy.FEW_ROWS`` rows
-(``policy.few_row_config``), and, in the fused kinds' register variant, one for calls whose x
-straddles the L2 (``policy.evict_first_elements``).
+(``policy.decode_config``), a few-row build for calls of at most ``policy.few_rows`` rows
+(``policy.few_row_config``), and, in the fused kinds' register variant, one for calls whose
+tensors straddle the device's L2 (``policy.evict_first_elements``).
 
 A differentiated call goes through ``forward_saving``, which also returns the statistics the
 backward reads, written by the same pass: it launches a twin kernel (``_saving_class``) of the
@@ -64,7 +64,10 @@ class _TileLangNorm(TileLangKernel):
     save_stats: ClassVar[bool] = False
 
     def __init__(self, call: NormCall) -> None:
-        self.sm_count = sm_count(facts_for(call.device))  # the decode build serves a row per SM
+        facts = facts_for(call.device)
+        # The decode and few-row builds serve calls of a number of rows per SM, the evict-first
+        # build calls whose tensors straddle the L2.
+        self.sm_count, self.l2_bytes = sm_count(facts), facts.l2_bytes
         super().__init__(call.device, call)
 
     def identity(self) -> tuple:
@@ -80,8 +83,8 @@ class _TileLangNorm(TileLangKernel):
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         n, dtype = self.params.n, self.params.dtype
         decode = policy.decode_config(self.kind, n, dtype, config)
-        few_rows = policy.few_row_config(self.kind, n, dtype, config)
-        window = policy.evict_first_elements(self.kind, dtype, config, self.tilelang_target)
+        few_row = policy.few_row_config(self.kind, n, dtype, config)
+        window = policy.evict_first_elements(self.kind, dtype, config, self.tilelang_target, self.l2_bytes)
         builds = {"main": config}
         choices: list[tuple[int, str]] = []
         tunable = {}
@@ -93,16 +96,20 @@ class _TileLangNorm(TileLangKernel):
             choices.append((self.sm_count * n, "decode"))
             tunable["decode"] = policy.one_row_candidates(n, dtype, decode)
             shown["decode_build"] = {"max_rows": self.sm_count, **decode}
-        if few_rows is not None:
-            builds["few_rows"] = few_rows
-            choices.append((policy.FEW_ROWS * n, "few_rows"))
-            tunable["few_rows"] = policy.one_row_candidates(n, dtype, few_rows)
-            shown["few_row_build"] = {"max_rows": policy.FEW_ROWS, **few_rows}
-        if window is not None:
+        if few_row is not None:
+            builds["few_rows"] = few_row
+            rows = policy.few_rows(self.sm_count)
+            choices.append((rows * n, "few_rows"))
+            tunable["few_rows"] = policy.one_row_candidates(n, dtype, few_row)
+            shown["few_row_build"] = {"max_rows": rows, **few_row}
+        # On a small L2 the window may begin among the calls of few rows, which keep their build.
+        fewer = choices[-1][0] if choices else 0
+        if window is not None and window[1] > fewer:
             above, up_to = window
             builds["evict_first"] = {**config, "evict_first_inputs": True}
-            choices += [(above, "main"), (up_to, "evict_first")]
-            shown["evict_first_build"] = {"x_bytes": tuple(size * dtype.itemsize for size in window)}
+            choices += [(above, "main")] if above > fewer else []
+            choices.append((up_to, "evict_first"))
+            shown["evict_first_build"] = {"x_bytes": (max(above, fewer) * dtype.itemsize, up_to * dtype.itemsize)}
         return BuildPlan(builds, tuple(choices), tunable=tunable, shown=shown)
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:

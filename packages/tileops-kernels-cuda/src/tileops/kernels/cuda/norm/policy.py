@@ -70,20 +70,22 @@ MAX_THREADS = 1024
 # row; rms_norm with 4 (N = 16384: 1024 threads per row ran 1.5x slower than 512).
 _STREAMED_VECTORS_PER_THREAD = {"layer_norm": 8, "rms_norm": 4}
 # The fused kinds in registers read x and the residual once. Loading them "evict first" leaves
-# the L2 to the outputs, which pays on calls whose x is over 10 and at most 16 MiB. On an H200
-# (ops called as in ``tileops bench``, fresh outputs each call; bf16, fp16, fp32, N = 256 ..
-# 4096): 1-5% faster from 12 to 16 MiB (2048 x 4096 add_rms_norm bf16: 18.1 -> 17.4 us, as
-# torch.compile's kernel, which loads them so), 7-18% slower from 7.8 to 10 MiB (inputs that
-# a plain load would have kept in L2 for the next call), 2-5% slower from 20 MiB up. Those calls
-# get a second build of the kernel (``evict_first_elements``): one kernel that chose by its
-# row count cost up to 5% on the others.
-_FUSED_EVICT_FIRST_X_BYTES = (10 * 2**20, 16 * 2**20)
-#: Calls of at most this many rows take a kernel's few-row build (``few_row_config``), which
-#: gives each row a block of its own in registers: on an H200 (bf16, 8 to 4096 rows) it beat the
-#: default launch of rows over 1 and up to 4 KiB on every count up to 1024 rows (layer_norm 1.1-2.1x,
-#: add_layer_norm 1.03-1.39x, rms_norm of 1024 1.02-1.05x); on 4096 rows of 1.5 and 2 KiB the
-#: default led again by 3-7%.
-FEW_ROWS = 1024
+# the L2 to the outputs, which pays on calls whose four tensors (x, the residual, y and the sum:
+# four times x's bytes) are over two thirds of the L2 and at most 16/15 of it: they straddle it.
+# On an H200 (60 MiB of L2: x over 10 and at most 16 MiB; ops called as in ``tileops bench``,
+# fresh outputs each call; bf16, fp16, fp32, N = 256 .. 4096): 1-5% faster from 12 to 16 MiB
+# (2048 x 4096 add_rms_norm bf16: 18.1 -> 17.4 us, as torch.compile's kernel, which loads them
+# so), 7-18% slower from 7.8 to 10 MiB (inputs that a plain load would have kept in L2 for the
+# next call), 2-5% slower from 20 MiB up. Those calls get a second build of the kernel
+# (``evict_first_elements``): one kernel that chose by its row count cost up to 5% on the others.
+_FUSED_EVICT_FIRST_L2_SHARE = ((2, 3), (16, 15))  # (numerator, denominator) of the L2's bytes
+_FUSED_TENSORS = 4
+# Calls of at most this many rows per SM take a kernel's few-row build (``few_row_config``),
+# which gives each row a block of its own in registers: on an H200 (132 SMs; bf16, 8 to 4096
+# rows) it beat the default launch of rows over 1 and up to 4 KiB on every count up to 1024 rows
+# (layer_norm 1.1-2.1x, add_layer_norm 1.03-1.39x, rms_norm of 1024 1.02-1.05x); on 4096 rows of
+# 1.5 and 2 KiB the default led again by 3-7%.
+_FEW_ROWS_PER_SM = 8
 _FEW_ROW_BYTES = (1024, 4 * 1024)  # rows over the first and at most the second
 # A call of at most one row per SM (decode: a token per sequence) is latency-bound: each row's
 # time is its loads, one block reduction and its stores, with the SM to itself. The decode build
@@ -345,26 +347,37 @@ def has_evict_first_build(kind: str, mode: str, vec: int, dtype: torch.dtype) ->
     return kind.startswith("add_") and mode == "register" and vec * dtype.itemsize == 16
 
 
-def evict_first_elements(kind: str, dtype: torch.dtype, config: dict[str, Any], target: str | dict):
+def evict_first_elements(
+    kind: str, dtype: torch.dtype, config: dict[str, Any], target: str | dict, l2_bytes: int | None
+) -> tuple[int, int] | None:
     """Sizes of x, in elements, on which the kernel of ``kind`` with launch ``config`` runs its
     second build, the one that loads x and the residual "evict first" (``make_program``'s
-    ``evict_first_inputs``): over the first and at most the second. None where there is no
-    such build (the single norms, other modes, GPUs without cache priorities).
+    ``evict_first_inputs``): over the first and at most the second, the calls whose tensors
+    straddle an L2 of ``l2_bytes``. None where there is no such build (the single norms, other
+    modes, GPUs without cache priorities or whose L2 size is not known).
     """
     if not (has_evict_first_build(kind, config["mode"], config["vec"], dtype) and has_cache_priorities(target)):
         return None
-    above, up_to = _FUSED_EVICT_FIRST_X_BYTES
-    return above // dtype.itemsize, up_to // dtype.itemsize
+    if not l2_bytes:
+        return None
+    per_element = _FUSED_TENSORS * dtype.itemsize
+    return tuple(l2_bytes * numerator // (denominator * per_element) for numerator, denominator in _FUSED_EVICT_FIRST_L2_SHARE)
+
+
+def few_rows(sm_count: int) -> int:
+    """Calls of at most this many rows take a kernel's few-row build: ``_FEW_ROWS_PER_SM`` rows per
+    SM, about as many one-row blocks as an SM runs at once (1056 on 132 SMs)."""
+    return _FEW_ROWS_PER_SM * sm_count
 
 
 def few_row_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The launch configuration of the kernel's few-row build, for calls of at most ``FEW_ROWS``
+    """The launch configuration of the kernel's few-row build, for calls of at most ``few_rows``
     rows, or None where it has none.
 
     Rows of 16-bit elements over 1 and up to 4 KiB, in 16-byte vectors, whose launch ``config``
     is not already one register row per block: one row per block, in registers, about two
     vectors per thread. Measured on an H200 (bf16: layer_norm rows of 768 to 2048, add_layer_norm
-    of 1024 and 2048, rms_norm of 1024; ``FEW_ROWS`` has the figures); shorter rows, where one
+    of 1024 and 2048, rms_norm of 1024; ``_FEW_ROWS_PER_SM`` has the figures); shorter rows, where one
     row per block lost up to 9%, and float32 rows were not, and have none.
     """
     row_bytes = n * dtype.itemsize
