@@ -80,9 +80,9 @@ def row_tiers(config: dict[str, Any], vocab: int, sm_count: int) -> list[tuple[i
 
 def tier_candidates(tier: dict[str, Any], vocab: int) -> list[dict[str, Any]]:
     """Configurations of a split build worth timing, ``tier`` first: half and twice its splits
-    with half, the same and twice its threads, each within the rule's limits (2 to
-    ``MAX_THREADS`` threads' worth of spans, no span shorter than one unrolled step). The rule
-    aims at a fill of the GPU it has not measured."""
+    with half, the same and twice its threads, within the rule's limits (32 to ``MAX_THREADS``
+    threads, at least two spans a row, none shorter than one unrolled step of the block). The
+    rule aims at a fill of the GPU it has not measured."""
     accesses = vocab // tier["vec"]
     candidates = [tier]
     for threads in (tier["threads"] // 2, tier["threads"], tier["threads"] * 2):
