@@ -350,7 +350,8 @@ def test_a_norm_kernel_passes_its_arguments_in_order_leaving_out_absent_ones_the
         # KiB; evict-first over 10 and up to 16 MiB of x (the four tensors straddle a 60 MiB L2).
         ("rms_norm", 4096, torch.bfloat16, 1, "decode"),
         ("rms_norm", 4096, torch.bfloat16, 132, "decode"),
-        ("rms_norm", 4096, torch.bfloat16, 133, "main"),
+        ("rms_norm", 4096, torch.bfloat16, 133, "few_rows"),  # rows over 4 KiB: the weight loaded early
+        ("rms_norm", 4096, torch.bfloat16, 1057, "main"),
         ("add_rms_norm", 7168, torch.float16, 1, "decode"),
         ("rms_norm", 14336, torch.float32, 8, "decode"),
         ("layer_norm", 2048, torch.bfloat16, 132, "decode"),
@@ -550,6 +551,37 @@ def test_the_few_row_build_is_for_rows_over_1_and_up_to_4_kib_not_already_one_pe
     tpr, preload = expected
     assert few_rows == {**config, "mode": "register", "rows": 1, "tpr": tpr, "unroll": 4, "preload": preload}
     assert policy.few_rows(132) == 1056
+
+
+@pytest.mark.parametrize(
+    ("kind", "n", "dtype", "few_row"),
+    [
+        # 16-bit rms rows over 4 KiB in registers or shared memory: their launch, the weight loaded early.
+        ("rms_norm", 2560, torch.float16, True),
+        ("rms_norm", 4096, torch.bfloat16, True),
+        ("rms_norm", 8192, torch.bfloat16, True),
+        ("add_rms_norm", 7168, torch.float16, True),
+        ("add_rms_norm", 14336, torch.bfloat16, True),
+        # None: streamed rows (16 KiB and more of the single norm), float32, the layer-norm kinds.
+        ("rms_norm", 16384, torch.bfloat16, False),
+        ("rms_norm", 4096, torch.float32, False),
+        ("add_rms_norm", 7168, torch.float32, False),
+        ("layer_norm", 8192, torch.bfloat16, False),
+        ("add_layer_norm", 4096, torch.bfloat16, False),
+    ],
+)
+def test_longer_16_bit_rms_rows_keep_their_launch_on_few_rows_with_the_weight_loaded_early(kind, n, dtype, few_row):
+    variant = _selected_variant(kind, n, dtype)
+    config = policy.launch_config(kind, variant, n, dtype)
+    built = policy.few_row_config(kind, n, dtype, config)
+    if not few_row:
+        assert built is None
+        return
+    assert not config["preload"] and built == {**config, "preload": True}
+    assert policy.few_row_config(kind, n, dtype, built) is None  # a tuned launch that loads it early has none
+    candidates = policy.one_row_candidates(n, dtype, built)
+    assert candidates[0] == built and {c["mode"] for c in candidates} == {config["mode"], "register"}
+    assert {c["preload"] for c in candidates} == {True, False}
 
 
 @pytest.mark.parametrize(

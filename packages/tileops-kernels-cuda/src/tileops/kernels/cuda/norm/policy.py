@@ -87,6 +87,16 @@ _FUSED_TENSORS = 4
 # 1.5 and 2 KiB the default led again by 3-7%.
 _FEW_ROWS_PER_SM = 8
 _FEW_ROW_BYTES = (1024, 4 * 1024)  # rows over the first and at most the second
+# Longer 16-bit rows of the rms kinds, in registers or shared memory, keep their launch on few
+# rows but load the weight with the row (the main build loads it after the reduction, which paid
+# on thousands of rows: see ``launch_config``). Measured on an H100 against Liger-Kernel in the
+# same run (graph replay; 140 to 2048 rows of 2560 to 8192): RMSNorm 264 x 5120 bf16 3.13 ->
+# 2.76 us (Liger 3.04), 1056 x 3072 bf16 3.90 -> 3.53 (4.42), 300 x 2560 fp16 2.40 -> 2.18
+# (2.37), fused 150 x 7168 bf16 3.65 -> 3.30 (3.35), 900 x 5120 bf16 10.63 -> 9.68 (10.22); rows
+# of 8 KiB lost up to 7% (140 x 4096 bf16 1.86 -> 2.00, still ahead of Liger's 2.12), float32
+# rows 1-4% (not taken), and a launch of one row per block in registers at about four vectors a
+# thread (the decode build's) lost up to 18% on some of these calls.
+_PRELOAD_KINDS = ("rms_norm", "add_rms_norm")
 # A call of at most one row per SM (decode: a token per sequence) is latency-bound: each row's
 # time is its loads, one block reduction and its stores, with the SM to itself. The decode build
 # issues all of a row's loads at once, weight and bias with x, in registers (the main builds of
@@ -378,12 +388,17 @@ def few_row_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any]
     is not already one register row per block: one row per block, in registers, about two
     vectors per thread. Measured on an H200 (bf16: layer_norm rows of 768 to 2048, add_layer_norm
     of 1024 and 2048, rms_norm of 1024; ``_FEW_ROWS_PER_SM`` has the figures); shorter rows, where one
-    row per block lost up to 9%, and float32 rows were not, and have none.
+    row per block lost up to 9%, and float32 rows were not, and have none. Longer 16-bit rows of
+    the rms kinds in registers or shared memory: their launch ``config`` with the weight loaded
+    with the row (``_PRELOAD_KINDS`` has the figures).
     """
     row_bytes = n * dtype.itemsize
     if dtype.itemsize != 2 or config["vec"] * dtype.itemsize != 16:
         return None
-    if not _FEW_ROW_BYTES[0] < row_bytes <= _FEW_ROW_BYTES[1]:
+    if row_bytes > _FEW_ROW_BYTES[1]:
+        early_weight = kind in _PRELOAD_KINDS and config["mode"] in ("register", "shared") and not config["preload"]
+        return {**config, "preload": True} if early_weight else None
+    if row_bytes <= _FEW_ROW_BYTES[0]:
         return None
     if config["mode"] == "register" and config["rows"] == 1:
         return None
@@ -412,22 +427,25 @@ def decode_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any])
 
 
 def one_row_candidates(n: int, dtype: torch.dtype, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Configurations worth timing for a build of one row per block in registers (the decode
-    and few-row builds' ``config``), that one first: every power of two of threads per row from
-    the fewest that hold the row at ``_DECODE_MAX_VECTORS_PER_THREAD`` vectors each to one
-    thread per vector (at most 1024), the weight and bias loaded with the row or after the
-    reduction. The decode rule was fitted on ten shapes of one GPU; another GPU, or another
-    width, may want a neighbour."""
+    """Configurations worth timing for a build of one row per block (the decode and few-row
+    builds' ``config``), that one first: every power of two of threads per row from the fewest
+    that hold the row at ``_DECODE_MAX_VECTORS_PER_THREAD`` vectors each to one thread per
+    vector (at most 1024), the weight and bias loaded with the row or after the reduction, the
+    row in the build's own place and, where that is shared memory, in registers (which won some
+    calls of a few hundred rows). The rules were fitted on a few shapes of one GPU; another GPU,
+    or another width, may want a neighbour."""
     vectors = n // config["vec"]
     fewest = pow2_ceil(math.ceil(vectors / _DECODE_MAX_VECTORS_PER_THREAD))
+    modes = [config["mode"]] + (["register"] if config["mode"] == "shared" else [])
     candidates = [config]
-    for threads in (1 << k for k in range(fewest.bit_length() - 1, MAX_THREADS.bit_length())):
-        if threads > pow2_ceil(vectors):
-            break
-        for preload in (True, False):
-            candidate = {**config, "tpr": threads, "preload": preload}
-            if candidate not in candidates:
-                candidates.append(candidate)
+    for mode in modes:
+        for threads in (1 << k for k in range(fewest.bit_length() - 1, MAX_THREADS.bit_length())):
+            if threads > pow2_ceil(vectors):
+                break
+            for preload in (True, False):
+                candidate = {**config, "mode": mode, "tpr": threads, "preload": preload}
+                if candidate not in candidates:
+                    candidates.append(candidate)
     return candidates
 
 
