@@ -531,8 +531,8 @@ def test_on_a_small_l2_the_evict_first_window_leaves_the_calls_of_few_rows_their
         ("add_layer_norm", 1024, torch.bfloat16, (64, True)),
         ("add_layer_norm", 2048, torch.bfloat16, (128, False)),
         ("rms_norm", 1024, torch.bfloat16, (64, True)),
-        # None: rows of 1 KiB or less, or over 4 KiB; launches already one register row per block;
-        # float32 (not measured); the scalar variant (no 16-byte vectors).
+        # None: rows of 1 KiB or less, or layer-norm rows over 4 KiB (longer rms rows: the next test);
+        # launches already one register row per block; float32 (not measured); the scalar variant.
         ("rms_norm", 512, torch.bfloat16, None),
         ("layer_norm", 4096, torch.bfloat16, None),
         ("rms_norm", 2048, torch.bfloat16, None),
