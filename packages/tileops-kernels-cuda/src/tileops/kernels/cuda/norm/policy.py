@@ -87,16 +87,17 @@ _FUSED_TENSORS = 4
 # 1.5 and 2 KiB the default led again by 3-7%.
 _FEW_ROWS_PER_SM = 8
 _FEW_ROW_BYTES = (1024, 4 * 1024)  # rows over the first and at most the second
-# Longer 16-bit rows of the rms kinds, in registers or shared memory, keep their launch on few
-# rows but load the weight with the row (the main build loads it after the reduction, which paid
+# Longer 16-bit rows of the rms kinds, up to 16 KiB, in registers or shared memory, keep their
+# launch on few rows but load the weight with the row (the main build loads it after the reduction, which paid
 # on thousands of rows: see ``launch_config``). Measured on an H100 against Liger-Kernel in the
 # same run (graph replay; 140 to 2048 rows of 2560 to 8192): RMSNorm 264 x 5120 bf16 3.13 ->
 # 2.76 us (Liger 3.04), 1056 x 3072 bf16 3.90 -> 3.53 (4.42), 300 x 2560 fp16 2.40 -> 2.18
 # (2.37), fused 150 x 7168 bf16 3.65 -> 3.30 (3.35), 900 x 5120 bf16 10.63 -> 9.68 (10.22); rows
 # of 8 KiB lost up to 7% (140 x 4096 bf16 1.86 -> 2.00, still ahead of Liger's 2.12), float32
 # rows 1-4% (not taken), and a launch of one row per block in registers at about four vectors a
-# thread (the decode build's) lost up to 18% on some of these calls.
+# thread (the decode build's) lost up to 18% on some of these calls. Longer rows were not measured.
 _PRELOAD_KINDS = ("rms_norm", "add_rms_norm")
+_PRELOAD_MAX_ROW_BYTES = 16 * 1024
 # A call of at most one row per SM (decode: a token per sequence) is latency-bound: each row's
 # time is its loads, one block reduction and its stores, with the SM to itself. The decode build
 # issues all of a row's loads at once, weight and bias with x, in registers (the main builds of
@@ -389,14 +390,17 @@ def few_row_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any]
     vectors per thread. Measured on an H200 (bf16: layer_norm rows of 768 to 2048, add_layer_norm
     of 1024 and 2048, rms_norm of 1024; ``_FEW_ROWS_PER_SM`` has the figures); shorter rows, where one
     row per block lost up to 9%, and float32 rows were not, and have none. Longer 16-bit rows of
-    the rms kinds in registers or shared memory: their launch ``config`` with the weight loaded
-    with the row (``_PRELOAD_KINDS`` has the figures).
+    the rms kinds, up to 16 KiB, in registers or shared memory: their launch ``config`` with the
+    weight loaded with the row (``_PRELOAD_KINDS`` has the figures).
     """
     row_bytes = n * dtype.itemsize
     if dtype.itemsize != 2 or config["vec"] * dtype.itemsize != 16:
         return None
     if row_bytes > _FEW_ROW_BYTES[1]:
-        early_weight = kind in _PRELOAD_KINDS and config["mode"] in ("register", "shared") and not config["preload"]
+        early_weight = (
+            kind in _PRELOAD_KINDS and row_bytes <= _PRELOAD_MAX_ROW_BYTES
+            and config["mode"] in ("register", "shared") and not config["preload"]
+        )
         return {**config, "preload": True} if early_weight else None
     if row_bytes <= _FEW_ROW_BYTES[0]:
         return None
