@@ -185,17 +185,23 @@ def compile_attention_programs(calls, programs: str) -> None:
         assert process.returncode == 0, err[-4000:]
 
 
+def fresh_tuning_store(monkeypatch: pytest.MonkeyPatch, cache_dir: Path):
+    """The tuning module with its store in ``cache_dir`` and nothing read or chosen yet."""
+    from tileops.kernels.cuda import tuning
+
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(cache_dir))
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_loaded", set())
+    return tuning
+
+
 def tuning_timed_by_config(monkeypatch: pytest.MonkeyPatch, store: Path, launched: list, fastest: dict) -> None:
     """Make tuning run on CPU tensors against a fresh store in ``store``: a candidate times 1 us
     where the configuration its launch recorded (the first item of ``launched``'s last entry)
     holds every item of ``fastest``, 2 us otherwise."""
     import contextlib
 
-    from tileops.kernels.cuda import tuning
-
-    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(store))
-    monkeypatch.setattr(tuning, "_chosen", {})
-    monkeypatch.setattr(tuning, "_loaded", set())
+    tuning = fresh_tuning_store(monkeypatch, store)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 

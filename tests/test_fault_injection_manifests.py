@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import ROOT
+from helpers import ROOT, fresh_tuning_store
 from tileops.cli import main as tileops
 from tileops.core.errors import ManifestError, OpArgumentError
 from tileops.core.manifest import Signature
@@ -318,11 +318,7 @@ CORRUPT_STORE_ENTRIES = [
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """The tuning module, with an empty cache folder and nothing read yet."""
-    from tileops.kernels.cuda import tuning
-
-    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning, "_chosen", {})
-    monkeypatch.setattr(tuning, "_loaded", set())
+    tuning = fresh_tuning_store(monkeypatch, tmp_path)
     (tmp_path / "tuning").mkdir()
     return tuning
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_python, tuning_timed_by_config
+from helpers import fresh_tuning_store, run_python, tuning_timed_by_config
 from tileops.kernels.cuda.norm import KERNELS, policy, programs
 from tileops.kernels.cuda.powers import pow2_ceil
 from tileops.ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
@@ -240,11 +240,7 @@ def test_an_unwritable_store_keeps_the_configuration_for_the_process_and_says_so
 def _tune_with(monkeypatch, tmp_path, figures, key_suffix, broken=()):
     """Run ``tuning.tune`` over candidates timed at ``figures`` µs (the first is the default);
     candidates whose index is in ``broken`` fail to compile."""
-    from tileops.kernels.cuda import tuning
-
-    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning, "_chosen", {})
-    monkeypatch.setattr(tuning, "_loaded", set())
+    tuning = fresh_tuning_store(monkeypatch, tmp_path)
     candidates = [{"tpr": 32 * (i + 1)} for i in range(len(figures))]
 
     def compile_candidate(config):

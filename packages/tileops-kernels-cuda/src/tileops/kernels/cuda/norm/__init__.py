@@ -67,7 +67,7 @@ class _TileLangNorm(TileLangKernel):
         facts = facts_for(call.device)
         # The decode and few-row builds serve calls of a number of rows per SM, the evict-first
         # build calls whose tensors straddle the L2.
-        self.sm_count, self.l2_bytes = sm_count(facts), facts.l2_bytes
+        self.sm_count, self.l2_bytes = sm_count(facts), None if facts is None else facts.l2_bytes
         super().__init__(call.device, call)
 
     def identity(self) -> tuple:

@@ -88,8 +88,8 @@ _FUSED_TENSORS = 4
 _FEW_ROWS_PER_SM = 8
 _FEW_ROW_BYTES = (1024, 4 * 1024)  # rows over the first and at most the second
 # Longer 16-bit rows of the rms kinds, up to 16 KiB, in registers or shared memory, keep their
-# launch on few rows but load the weight with the row (the main build loads it after the reduction, which paid
-# on thousands of rows: see ``launch_config``). Measured on an H100 against Liger-Kernel in the
+# launch on few rows but load the weight with the row (the main build loads it after the
+# reduction, which paid on thousands of rows: see ``launch_config``). Measured on an H100 against Liger-Kernel in the
 # same run (graph replay; 140 to 2048 rows of 2560 to 8192): RMSNorm 264 x 5120 bf16 3.13 ->
 # 2.76 us (Liger 3.04), 1056 x 3072 bf16 3.90 -> 3.53 (4.42), 300 x 2560 fp16 2.40 -> 2.18
 # (2.37), fused 150 x 7168 bf16 3.65 -> 3.30 (3.35), 900 x 5120 bf16 10.63 -> 9.68 (10.22); rows
