@@ -170,6 +170,23 @@ def test_every_variant_that_serves_a_call_is_correct(kind):
                 _check(kind, _kernel(cls, call), *_inputs(kind, (33, n), torch.bfloat16, True))
 
 
+@pytest.mark.parametrize("kind", list(INTERFACES))
+def test_column_sums_kept_out_of_a_small_shared_memory_are_correct(kind, monkeypatch):
+    # As on a GPU that gives a block 24 KiB: the register mode's sums of 8192 bf16 columns (32-64 KiB)
+    # and the streamed mode's of 16384 would not fit; the streamed variant with the sums in global
+    # memory serves both.
+    from tileops.kernels.cuda.norm import backward
+
+    monkeypatch.setattr(backward, "shared_memory_per_block", lambda device: 24 * 1024)
+    for n in (8192, 16384):
+        call = _call(kind, n, torch.bfloat16, True)
+        key, cls = _selected(kind, call)
+        assert key.endswith("_streamed"), key
+        kernel = cls.entry_for(call)[1]()
+        assert kernel.params.config["acc"] == "global", kernel.params.config
+        _check(kind, kernel, *_inputs(kind, (300, n), torch.bfloat16, True))
+
+
 def test_float64_is_refused_with_a_reason():
     for kind in INTERFACES:
         for cls in _table(kind).values():

@@ -63,6 +63,29 @@ def test_launch_rules_fit_the_hardware_for_every_length(kind, dtype):
             assert 1 <= policy.blocks_per_sm(kind, n, dtype, config) <= 2048 // (tpr * rows)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_column_sums_beyond_the_gpus_shared_memory_per_block_move_out_of_it(kind):
+    # sm_86 and sm_89 give a block 99 KiB of shared memory: the streamed mode keeps the sums of
+    # 16384-column rows there in 64-128 KiB, the register mode those of 8192 bf16 columns in 32-64 KiB.
+    small = 99 * 1024
+    for n in (16384, 32768):
+        everywhere = policy.launch_config(kind, "streamed", n, torch.bfloat16)
+        fitted = policy.launch_config(kind, "streamed", n, torch.bfloat16, shared_per_block=small)
+        assert policy.block_shared_bytes(kind, n, fitted) <= small, fitted
+        moved = policy.block_shared_bytes(kind, n, everywhere) > small
+        assert fitted == ({**everywhere, "acc": "global"} if moved else everywhere)
+    n, dtype = 8192, torch.bfloat16
+    register = policy.launch_config(kind, "register", n, dtype)
+    need = policy.block_shared_bytes(kind, n, register)
+    assert policy.refusal(kind, "register", n, dtype, True, shared_per_block=need) is None
+    reason = policy.refusal(kind, "register", n, dtype, True, shared_per_block=need - 1)
+    if register["acc"] == "shared":
+        assert reason == (f"a row of 16384 bytes takes {need} bytes of shared memory a block (its column sums) and "
+                          f"this GPU gives a block at most {need - 1}: the 'streamed' variant serves it")
+    else:  # the sums in registers: only the reduction's partials in shared memory
+        assert need <= 1024 and reason is None
+
+
 def test_the_next_row_is_loaded_ahead_where_it_costs_no_block():
     def config(kind, n, dtype=torch.bfloat16):
         return policy.launch_config(kind, "register", n, dtype)

@@ -165,6 +165,17 @@ def test_fused_calls_whose_input_straddles_the_l2_take_the_evict_first_build_wit
     assert sorted(kernel.compiled["evict_first"]) == [2, 3]  # built for the two calls that straddle the L2 only
 
 
+@pytest.mark.parametrize("op_class", [FusedAddRMSNormFwdOp, FusedAddLayerNormFwdOp], ids=lambda c: c.__name__)
+def test_rows_beyond_the_gpus_shared_memory_per_block_are_streamed_and_correct(op_class, monkeypatch):
+    # As on a GPU that gives a block 64 KiB (sm_86 and sm_89 give 99): the fused kinds' rows of 80 KB
+    # would be parked in shared memory, whose launch would fail there; the streamed variant serves them.
+    from tileops.kernels.cuda import norm as norm_kernels
+
+    monkeypatch.setattr(norm_kernels, "shared_memory_per_block", lambda device: 64 * 1024)
+    kernel = _calls_compute_as_the_reference_and_the_main_build(op_class, 40000, torch.bfloat16, [(3, 40000), (300, 40000)])
+    assert kernel.config["variant"] == "streamed"
+
+
 def _calls_compute_as_the_reference_and_the_main_build(op_class, n, dtype, shapes):
     """Calls of ``op_class(n)`` on inputs of each shape against the reference and against the
     main build of the kernel that served them (the same kernel for every shape); that kernel."""

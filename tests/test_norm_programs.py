@@ -85,6 +85,37 @@ def test_the_shared_refusals_of_the_single_norms_name_the_streamed_variant_and_t
     assert policy.refusal("layer_norm", "shared", 4096, torch.bfloat16, True) is None
 
 
+# sm_86 and sm_89 give a block at most 99 KiB of shared memory; sm_90 227 KiB.
+_SMALL_SHARED_PER_BLOCK = 99 * 1024
+
+
+# The single norms' rows of 32 KiB or more go streamed on every GPU; the fused kinds' are parked.
+@pytest.mark.parametrize("kind", ["add_rms_norm", "add_layer_norm"])
+def test_rows_the_shared_variant_would_park_beyond_the_gpus_shared_memory_go_streamed(kind, monkeypatch):
+    from tileops.kernels.cuda import norm as norm_kernels
+
+    long_row, medium_row = 60000, 40000  # 16-bit rows of 120 and 80 KB
+    monkeypatch.setattr(norm_kernels, "shared_memory_per_block", lambda device: _SMALL_SHARED_PER_BLOCK)
+    assert _selected_variant(kind, long_row, torch.bfloat16) == "streamed"
+    assert _selected_variant(kind, medium_row, torch.bfloat16) == "shared"
+    reason = policy.shared_memory_refusal(kind, long_row, torch.bfloat16, _SMALL_SHARED_PER_BLOCK)
+    assert reason.startswith("a row of 120000 bytes takes ") and "gives a block at most 101376" in reason, reason
+    assert reason.endswith("the 'streamed' variant serves it"), reason
+    monkeypatch.setattr(norm_kernels, "shared_memory_per_block", lambda device: 227 * 1024)
+    assert _selected_variant(kind, long_row, torch.bfloat16) == "shared"
+    # Unknown (no GPU here, or a device that does not say): the variant's own limit.
+    assert policy.shared_memory_refusal(kind, long_row, torch.bfloat16, None) is None
+
+
+def test_tuning_candidates_fit_the_gpus_shared_memory_per_block():
+    n, dtype = 12296, torch.bfloat16  # 24 KB rows: a block of several would not fit 99 KiB
+    everywhere = policy.tuning_candidates("add_rms_norm", "shared", n, dtype)
+    small = policy.tuning_candidates("add_rms_norm", "shared", n, dtype, _SMALL_SHARED_PER_BLOCK)
+    assert small[0] == everywhere[0] and len(small) < len(everywhere)
+    assert all(policy.shared_bytes(n, dtype, config) <= _SMALL_SHARED_PER_BLOCK for config in small)
+    assert any(policy.shared_bytes(n, dtype, config) > _SMALL_SHARED_PER_BLOCK for config in everywhere)
+
+
 @pytest.mark.parametrize(("kind", "variant", "n", "dtype"), SHAPES)
 def test_tuning_candidates_start_with_the_default_and_fit_the_block(kind, variant, n, dtype):
     candidates = policy.tuning_candidates(kind, variant, n, dtype)

@@ -33,6 +33,16 @@ def sm_count(facts: DeviceFacts | None) -> int:
     return facts.sm_count if facts is not None and facts.sm_count else 1
 
 
+def shared_memory_per_block(device: torch.device) -> int | None:
+    """The shared memory one block may opt in to on ``device``; None where it is not known, and on
+    a machine without CUDA, where selection is only asked what would serve a call (``tileops
+    explain``, tests) and nothing launches."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None
+    facts = facts_for(device)
+    return None if facts is None else facts.shared_memory_per_block
+
+
 def gpu_model(device: torch.device) -> str:
     """The model of the GPU ``device`` is (e.g. ``NVIDIA H200``): tuned configurations hold per model."""
     return facts_for(device).name

@@ -40,7 +40,7 @@ from tileops.ops.norm import (
 )
 
 from . import policy, programs
-from ..device import sm_count
+from ..device import shared_memory_per_block, sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 
 
@@ -68,6 +68,8 @@ class _TileLangNorm(TileLangKernel):
         # The decode and few-row builds serve calls of a number of rows per SM, the evict-first
         # build calls whose tensors straddle the L2.
         self.sm_count, self.l2_bytes = sm_count(facts), None if facts is None else facts.l2_bytes
+        # Tuning times no launch that the device's shared memory per block cannot hold.
+        self.shared_per_block = shared_memory_per_block(call.device)
         super().__init__(call.device, call)
 
     def identity(self) -> tuple:
@@ -78,7 +80,8 @@ class _TileLangNorm(TileLangKernel):
         return policy.launch_config(self.kind, self.variant, self.params.n, self.params.dtype)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
-        return policy.tuning_candidates(self.kind, self.variant, self.params.n, self.params.dtype)
+        call = self.params
+        return policy.tuning_candidates(self.kind, self.variant, call.n, call.dtype, self.shared_per_block)
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         n, dtype = self.params.n, self.params.dtype
@@ -149,7 +152,11 @@ class _TileLangNorm(TileLangKernel):
 
     @classmethod
     def refusal(cls, call: NormCall) -> str | None:
-        return policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
+        reason = policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
+        if reason is None and cls.variant == "shared":
+            per_block = shared_memory_per_block(call.device)
+            reason = policy.shared_memory_refusal(cls.kind, call.n, call.dtype, per_block)
+        return reason
 
     @classmethod
     def entry_for(cls, call: NormCall):

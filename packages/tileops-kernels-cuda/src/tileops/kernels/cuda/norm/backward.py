@@ -38,7 +38,7 @@ from tileops.ops.norm import (
 from . import backward_policy as policy
 from . import backward_programs as programs
 from ..compile import entry_function
-from ..device import sm_count
+from ..device import shared_memory_per_block, sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 
 _STATISTICS = ("mean", "rstd")
@@ -80,7 +80,8 @@ class _TileLangNormBwd(TileLangKernel):
     ranks_built_eagerly = (2,)  # forward views every call as rows: rank 2 is the only one
 
     def __init__(self, call: NormCall) -> None:
-        config = policy.launch_config(self.kind, self.variant, call.n, call.dtype)
+        per_block = shared_memory_per_block(call.device)
+        config = policy.launch_config(self.kind, self.variant, call.n, call.dtype, shared_per_block=per_block)
         super().__init__(call.device, _Params(call, self.kind, config, sm_count(facts_for(call.device))))
 
     def identity(self) -> tuple:
@@ -147,7 +148,7 @@ class _TileLangNormBwd(TileLangKernel):
 
     @classmethod
     def refusal(cls, call: NormCall) -> str | None:
-        return policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
+        return policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned, shared_memory_per_block(call.device))
 
     @classmethod
     def entry_for(cls, call: NormCall):

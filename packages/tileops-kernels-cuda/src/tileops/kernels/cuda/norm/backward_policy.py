@@ -58,8 +58,11 @@ def parts_of(kind: str) -> int:
 
 
 
-def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) -> str | None:
-    """None if ``variant`` serves (kind, n, dtype, aligned), else why not."""
+def refusal(
+    kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool, shared_per_block: int | None = None
+) -> str | None:
+    """None if ``variant`` serves (kind, n, dtype, aligned) on a GPU that gives a block at most
+    ``shared_per_block`` bytes of shared memory (None: not known, taken as enough), else why not."""
     if dtype not in DTYPES:
         return (f"dtype {dtype} is not supported by the TileLang backward kernels (float16, bfloat16, float32); "
                 "the torch implementation serves it")
@@ -76,6 +79,11 @@ def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) 
         return (f"a row of {n * dtype.itemsize} bytes does not fit the register mode (x and dy in at most "
                 f"{_MAX_VECTORS_PER_THREAD} vectors per thread of 1024, the column sums in registers or "
                 f"{_SHARED_ACCUMULATOR_BYTES} bytes of shared memory): the 'streamed' variant serves it")
+    if variant == "register" and shared_per_block is not None:
+        need = block_shared_bytes(kind, n, launch_config(kind, variant, n, dtype))
+        if need > shared_per_block:
+            return (f"a row of {n * dtype.itemsize} bytes takes {need} bytes of shared memory a block (its column sums) "
+                    f"and this GPU gives a block at most {shared_per_block}: the 'streamed' variant serves it")
     return None
 
 
@@ -171,14 +179,18 @@ def _accumulators(kind: str, dtype: torch.dtype, columns: int, threads: int) -> 
     return None
 
 
-def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype, vectors: int | None = None) -> dict:
+def launch_config(
+    kind: str, variant: str, n: int, dtype: torch.dtype, vectors: int | None = None, shared_per_block: int | None = None
+) -> dict:
     """The row kernel's launch configuration: vec (elements per access), tpr (threads per row,
     a power of two), rows (row slots per block), mode, acc (register mode: where the column sums
     live), unroll (vectors per thread: all of them in the register mode, those in flight per step
     in the streamed one), prefetch (register mode: the next row loaded ahead). ``vectors``: the
     register mode's vectors per thread where the row has enough of them for 1024 threads; None:
     the fused kinds' rule (``_fused_vectors``) where it has a configuration, else two (as the
-    forward's rms_norm)."""
+    forward's rms_norm). ``shared_per_block``: the shared memory a block may have on the GPU
+    (None: not known, taken as enough); the streamed mode's column sums go to global memory where
+    a block's would not fit it (the register mode's are ``refusal``'s to judge)."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {KINDS}")
     vec = 1 if variant == "scalar" else VECTOR_BYTES // dtype.itemsize
@@ -202,9 +214,19 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype, vectors: 
     tpr = min(pow2_ceil(math.ceil(nv / unroll)), MAX_THREADS)
     config = {"vec": vec, "tpr": tpr, "rows": max(1, BLOCK_THREADS // tpr), "mode": "streamed", "acc": "shared",
               "unroll": unroll}
-    if shared_sum_bytes(kind, n, config) > _SHARED_ACCUMULATOR_BYTES:
+    if shared_sum_bytes(kind, n, config) > _SHARED_ACCUMULATOR_BYTES or (
+        shared_per_block is not None and block_shared_bytes(kind, n, config) > shared_per_block
+    ):
         config["acc"] = "global"
     return config
+
+
+def block_shared_bytes(kind: str, n: int, config: dict) -> int:
+    """The shared memory a block of the row kernel takes: its column sums where ``acc`` is
+    "shared" (``shared_sum_bytes``) and its reduction's float32 partials, one per part and warp
+    of each row."""
+    scratch = parts_of(kind) * config["rows"] * max(1, config["tpr"] // 32) * 4
+    return scratch + (shared_sum_bytes(kind, n, config) if config["acc"] == "shared" else 0)
 
 
 def shared_sum_bytes(kind: str, n: int, config: dict) -> int:

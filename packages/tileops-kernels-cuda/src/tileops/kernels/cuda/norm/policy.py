@@ -312,13 +312,16 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
     return {"vec": vec, "tpr": tpr, "rows": rows, "mode": mode, "unroll": unroll, "preload": preload}
 
 
-def tuning_candidates(kind: str, variant: str, n: int, dtype: torch.dtype) -> list[dict[str, Any]]:
+def tuning_candidates(
+    kind: str, variant: str, n: int, dtype: torch.dtype, shared_per_block: int | None = None
+) -> list[dict[str, Any]]:
     """Launch configurations worth timing for (kind, variant, n, dtype), the default first.
 
     Around the default: half and twice the threads per row, more or fewer rows per
     block, weight/bias preloaded or not (cached modes), and 2-8 vectors in flight
-    (streamed mode). The default's measurements were taken on HBM-bound sizes; on
-    inputs that sit in L2, or on another GPU, a neighbour can win.
+    (streamed mode), each within the shared memory a block may have (``shared_budget``).
+    The default's measurements were taken on HBM-bound sizes; on inputs that sit in L2,
+    or on another GPU, a neighbour can win.
     """
     default = launch_config(kind, variant, n, dtype)
     vec, tpr, mode = default["vec"], default["tpr"], default["mode"]
@@ -340,17 +343,41 @@ def tuning_candidates(kind: str, variant: str, n: int, dtype: torch.dtype) -> li
                     )
     unique = []
     for config in candidates:
-        if config not in unique and _shared_bytes(n, dtype, config) <= _SHARED_MAX_ROW_BYTES:
+        if config not in unique and shared_bytes(n, dtype, config) <= shared_budget(shared_per_block):
             unique.append(config)
     return unique
 
 
-def _shared_bytes(n: int, dtype: torch.dtype, config: dict[str, Any]) -> int:
-    """Bytes of shared memory a block parks rows in (shared mode; 0 otherwise)."""
+def shared_bytes(n: int, dtype: torch.dtype, config: dict[str, Any]) -> int:
+    """Bytes of shared memory a block of ``config`` takes: the rows it parks (shared mode) and
+    its reduction's float32 partials, two per warp of each row."""
+    warps = math.ceil(config["tpr"] / 32) * config["rows"]
+    scratch = 2 * warps * 4
     if config["mode"] != "shared":
-        return 0
+        return scratch
     vectors_per_thread = math.ceil(n // config["vec"] / config["tpr"])
-    return vectors_per_thread * config["tpr"] * config["rows"] * config["vec"] * dtype.itemsize
+    return vectors_per_thread * config["tpr"] * config["rows"] * config["vec"] * dtype.itemsize + scratch
+
+
+def shared_budget(shared_per_block: int | None) -> int:
+    """The shared memory a block of the forward kernels may take on a device that gives a block at
+    most ``shared_per_block`` bytes (None: not known, taken as enough): the shared variant's rows
+    of up to ``_SHARED_MAX_ROW_BYTES`` fit the opt-in of sm_80 (163 KiB) and sm_90 (227 KiB), not
+    that of sm_86 and sm_89 (99 KiB)."""
+    ceiling = _SHARED_MAX_ROW_BYTES + 1024  # the longest parked row and its reduction's scratch
+    return ceiling if shared_per_block is None else min(ceiling, shared_per_block)
+
+
+def shared_memory_refusal(kind: str, n: int, dtype: torch.dtype, shared_per_block: int | None) -> str | None:
+    """Why the 'shared' variant does not serve rows of ``n`` on a device that gives a block at
+    most ``shared_per_block`` bytes of shared memory (its launch would fail there), or None."""
+    need = shared_bytes(n, dtype, launch_config(kind, "shared", n, dtype))
+    if need <= shared_budget(shared_per_block):
+        return None
+    return (
+        f"a row of {n * dtype.itemsize} bytes takes {need} bytes of shared memory a block and this GPU gives "
+        f"a block at most {shared_per_block}: the 'streamed' variant serves it"
+    )
 
 
 
