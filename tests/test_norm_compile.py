@@ -122,7 +122,7 @@ def test_the_fused_register_kernels_second_build_loads_x_and_the_residual_evict_
 
 FEW_ROWS = """
 import torch
-from tileops.kernels.cuda.norm import policy, programs
+from tileops.kernels.cuda.norm import builds, policy, programs
 target = {"kind": "cuda", "arch": "sm_90"}
 # The variants selection picks for these bf16 rows (tests/test_norm_programs.py).
 # A longer rms row's few-row build stages it in shared memory with the weight loaded early.
@@ -130,13 +130,13 @@ for kind, n, variant in [("layer_norm", 2048, "streamed"), ("add_layer_norm", 20
                          ("rms_norm", 1024, "register"), ("add_layer_norm", 1024, "register"),
                          ("add_rms_norm", 5120, "shared")]:
     config = policy.launch_config(kind, variant, n, torch.bfloat16)
-    few_rows = policy.few_row_config(kind, n, torch.bfloat16, config)
+    few_rows = builds.few_row_config(kind, n, torch.bfloat16, config)
     has_bias = kind.endswith("layer_norm")
     kernel = programs.compile_config(kind, n, torch.bfloat16, 1e-5, True, has_bias, target, leading=2, **few_rows)
     print(kind, n, "__global__" in kernel.get_kernel_source())
 # A decode build: a 7168-wide fp16 row over 256 threads, weight loaded with x and the residual.
 config = policy.launch_config("add_rms_norm", "shared", 7168, torch.float16)
-decode = policy.decode_config("add_rms_norm", 7168, torch.float16, config)
+decode = builds.decode_config("add_rms_norm", 7168, torch.float16, config)
 kernel = programs.compile_config("add_rms_norm", 7168, torch.float16, 1e-5, True, False, target, leading=1, **decode)
 print("add_rms_norm", 7168, "__global__" in kernel.get_kernel_source())
 """

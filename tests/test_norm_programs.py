@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import fresh_tuning_store, run_python, tuning_timed_by_config
-from tileops.kernels.cuda.norm import KERNELS, policy, programs
+from tileops.kernels.cuda.norm import KERNELS, builds, policy, programs
 from tileops.kernels.cuda.powers import pow2_ceil
 from tileops.ops import FusedAddLayerNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 
@@ -437,8 +437,8 @@ def test_a_tune_request_on_a_decode_call_tunes_the_decode_build_under_a_key_of_i
 def test_one_row_candidates_start_with_the_build_and_keep_to_the_register_budget():
     for n, dtype in [(7168, torch.float16), (14336, torch.float32), (128, torch.bfloat16), (2048, torch.bfloat16)]:
         config = policy.launch_config("rms_norm", _selected_variant("rms_norm", n, dtype), n, dtype)
-        build = policy.decode_config("rms_norm", n, dtype, config) or policy.few_row_config("rms_norm", n, dtype, config)
-        candidates = policy.one_row_candidates(n, dtype, build)
+        build = builds.decode_config("rms_norm", n, dtype, config) or builds.few_row_config("rms_norm", n, dtype, config)
+        candidates = builds.one_row_candidates(n, dtype, build)
         vectors = n // build["vec"]
         assert candidates[0] == build and len(candidates) == len({tuple(sorted(c.items())) for c in candidates}) > 2
         for candidate in candidates:
@@ -520,12 +520,12 @@ def test_only_the_fused_kinds_in_registers_have_an_evict_first_build_and_only_fr
         for variant in policy.VARIANTS:
             config = policy.launch_config(kind, variant, 1024, dtype)
             expected = window if kind.startswith("add_") and variant == "register" else None
-            assert policy.evict_first_elements(kind, dtype, config, sm_90, h200) == expected
+            assert builds.evict_first_elements(kind, dtype, config, sm_90, h200) == expected
             if expected is not None:
-                smaller = policy.evict_first_elements(kind, dtype, config, sm_90, h100)
+                smaller = builds.evict_first_elements(kind, dtype, config, sm_90, h100)
                 assert smaller == tuple(size * 5 // 6 for size in expected)
-            assert policy.evict_first_elements(kind, dtype, config, sm_75, h200) is None
-            assert policy.evict_first_elements(kind, dtype, config, sm_90, None) is None  # L2 size unknown
+            assert builds.evict_first_elements(kind, dtype, config, sm_75, h200) is None
+            assert builds.evict_first_elements(kind, dtype, config, sm_90, None) is None  # L2 size unknown
 
 
 def test_on_a_small_l2_the_evict_first_window_leaves_the_calls_of_few_rows_their_build(cpu_kernels, monkeypatch):
@@ -571,13 +571,13 @@ def test_on_a_small_l2_the_evict_first_window_leaves_the_calls_of_few_rows_their
 def test_the_few_row_build_is_for_rows_over_1_and_up_to_4_kib_not_already_one_per_block(kind, n, dtype, expected):
     variant = _selected_variant(kind, n, dtype)
     config = policy.launch_config(kind, variant, n, dtype)
-    few_rows = policy.few_row_config(kind, n, dtype, config)
+    few_rows = builds.few_row_config(kind, n, dtype, config)
     if expected is None:
         assert few_rows is None
         return
     tpr, preload = expected
     assert few_rows == {**config, "mode": "register", "rows": 1, "tpr": tpr, "unroll": 4, "preload": preload}
-    assert policy.few_rows(132) == 1056
+    assert builds.few_rows(132) == 1056
 
 
 @pytest.mark.parametrize(
@@ -603,13 +603,13 @@ def test_the_few_row_build_is_for_rows_over_1_and_up_to_4_kib_not_already_one_pe
 def test_longer_16_bit_rms_rows_keep_their_launch_on_few_rows_with_the_weight_loaded_early(kind, n, dtype, few_row):
     variant = _selected_variant(kind, n, dtype)
     config = policy.launch_config(kind, variant, n, dtype)
-    built = policy.few_row_config(kind, n, dtype, config)
+    built = builds.few_row_config(kind, n, dtype, config)
     if not few_row:
         assert built is None
         return
     assert not config["preload"] and built == {**config, "preload": True}
-    assert policy.few_row_config(kind, n, dtype, built) is None  # a tuned launch that loads it early has none
-    candidates = policy.one_row_candidates(n, dtype, built)
+    assert builds.few_row_config(kind, n, dtype, built) is None  # a tuned launch that loads it early has none
+    candidates = builds.one_row_candidates(n, dtype, built)
     assert candidates[0] == built and {c["mode"] for c in candidates} == {config["mode"], "register"}
     assert {c["preload"] for c in candidates} == {True, False}
 
@@ -636,7 +636,7 @@ def test_longer_16_bit_rms_rows_keep_their_launch_on_few_rows_with_the_weight_lo
 def test_the_decode_build_spreads_one_row_per_block_over_threads_at_four_vectors_each(kind, n, dtype, threads):
     variant = _selected_variant(kind, n, dtype)
     config = policy.launch_config(kind, variant, n, dtype)
-    decode = policy.decode_config(kind, n, dtype, config)
+    decode = builds.decode_config(kind, n, dtype, config)
     if threads is None:
         assert decode is None
         return
@@ -645,8 +645,8 @@ def test_the_decode_build_spreads_one_row_per_block_over_threads_at_four_vectors
 
 def test_a_decode_build_that_is_the_launch_configuration_itself_is_none():
     config = policy.launch_config("rms_norm", "register", 4096, torch.bfloat16)
-    decode = policy.decode_config("rms_norm", 4096, torch.bfloat16, config)
-    assert decode is not None and policy.decode_config("rms_norm", 4096, torch.bfloat16, decode) is None
+    decode = builds.decode_config("rms_norm", 4096, torch.bfloat16, config)
+    assert decode is not None and builds.decode_config("rms_norm", 4096, torch.bfloat16, decode) is None
 
 
 def test_an_evict_first_build_where_there_is_none_is_refused_with_the_reason():
@@ -679,7 +679,7 @@ SAVING_BUILDS = [
 def _build_config(kind, variant, n, dtype, build):
     config = policy.launch_config(kind, variant, n, dtype)
     if build == "few_rows":
-        return policy.few_row_config(kind, n, dtype, config)
+        return builds.few_row_config(kind, n, dtype, config)
     return {**config, "evict_first_inputs": True} if build == "evict_first" else config
 
 

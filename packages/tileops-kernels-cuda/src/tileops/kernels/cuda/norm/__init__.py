@@ -11,9 +11,9 @@ one is ``general``. Their boundaries are ``policy.refusal`` (measured on an H200
 
 Besides its main build, a kernel may have three more, chosen per call by x's size
 (``build_plan``): a decode build for calls of at most one row per SM of its device
-(``policy.decode_config``), a few-row build for calls of at most ``policy.few_rows`` rows
-(``policy.few_row_config``), and, in the fused kinds' register variant, one for calls whose
-tensors straddle the device's L2 (``policy.evict_first_elements``).
+(``builds.decode_config``), a few-row build for calls of at most ``builds.few_rows`` rows
+(``builds.few_row_config``), and, in the fused kinds' register variant, one for calls whose
+tensors straddle the device's L2 (``builds.evict_first_elements``).
 
 A differentiated call goes through ``forward_saving``, which also returns the statistics the
 backward reads, written by the same pass: it launches a twin kernel (``_saving_class``) of the
@@ -39,7 +39,7 @@ from tileops.ops.norm import (
     RMSNormFwdInterface,
 )
 
-from . import policy, programs
+from . import builds, policy, programs
 from ..device import shared_memory_per_block, sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 
@@ -85,35 +85,35 @@ class _TileLangNorm(TileLangKernel):
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         n, dtype = self.params.n, self.params.dtype
-        decode = policy.decode_config(self.kind, n, dtype, config)
-        few_row = policy.few_row_config(self.kind, n, dtype, config)
-        window = policy.evict_first_elements(self.kind, dtype, config, self.tilelang_target, self.l2_bytes)
-        builds = {"main": config}
+        decode = builds.decode_config(self.kind, n, dtype, config)
+        few_row = builds.few_row_config(self.kind, n, dtype, config)
+        window = builds.evict_first_elements(self.kind, dtype, config, self.tilelang_target, self.l2_bytes)
+        configs = {"main": config}
         choices: list[tuple[int, str]] = []
         tunable = {}
         shown = {"variant": self.variant, **config}
         # The decode and few-row builds run one row per block in registers: a tuning request on
         # a call they serve times their own neighbours (threads per row, weight loaded early).
         if decode is not None:
-            builds["decode"] = decode
+            configs["decode"] = decode
             choices.append((self.sm_count * n, "decode"))
-            tunable["decode"] = policy.one_row_candidates(n, dtype, decode)
+            tunable["decode"] = builds.one_row_candidates(n, dtype, decode)
             shown["decode_build"] = {"max_rows": self.sm_count, **decode}
         if few_row is not None:
-            builds["few_rows"] = few_row
-            rows = policy.few_rows(self.sm_count)
+            configs["few_rows"] = few_row
+            rows = builds.few_rows(self.sm_count)
             choices.append((rows * n, "few_rows"))
-            tunable["few_rows"] = policy.one_row_candidates(n, dtype, few_row)
+            tunable["few_rows"] = builds.one_row_candidates(n, dtype, few_row)
             shown["few_row_build"] = {"max_rows": rows, **few_row}
         # On a small L2 the window may begin among the calls of few rows, which keep their build.
         fewer = choices[-1][0] if choices else 0
         if window is not None and window[1] > fewer:
             above, up_to = window
-            builds["evict_first"] = {**config, "evict_first_inputs": True}
+            configs["evict_first"] = {**config, "evict_first_inputs": True}
             choices += [(above, "main")] if above > fewer else []
             choices.append((up_to, "evict_first"))
             shown["evict_first_build"] = {"x_bytes": (max(above, fewer) * dtype.itemsize, up_to * dtype.itemsize)}
-        return BuildPlan(builds, tuple(choices), tunable=tunable, shown=shown)
+        return BuildPlan(configs, tuple(choices), tunable=tunable, shown=shown)
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
         call = self.params

@@ -51,7 +51,8 @@ import math
 import torch
 
 from ..compile import compile_once
-from .policy import MAX_THREADS, check_kind, has_cache_priorities, has_evict_first_build
+from .builds import has_evict_first_build
+from .policy import MAX_THREADS, check_kind, has_cache_priorities
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
