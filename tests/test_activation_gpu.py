@@ -13,8 +13,12 @@ from tileops.ops import (
     FAMILIES,
     GeGLUFwdOp,
     GELUFwdOp,
+    PackedGeGLUBwdOp,
     PackedGeGLUFwdOp,
+    PackedGeGLUInplaceBwdOp,
+    PackedSwiGLUBwdOp,
     PackedSwiGLUFwdOp,
+    PackedSwiGLUInplaceBwdOp,
     SiLUFwdOp,
     SwiGLUFwdOp,
 )
@@ -96,6 +100,21 @@ def test_the_packed_form_every_width_forward_and_backward(d, rows, dtype):
     for op_class, params, name in PACKED:
         function = lambda t, name=name: _act(name)(t[..., :d]) * t[..., d:]  # noqa: E731
         _check(op_class(d, **params), function, [x], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [3, 1001, 14336])
+def test_the_packed_gradient_written_over_x_is_the_packed_backwards_to_the_bit(d, dtype):
+    # d of 3 and 1001: the scalar programs; 14336: 16-byte accesses.
+    x = torch.randn(5, 2 * d, device="cuda", dtype=dtype) * 3
+    dy = torch.randn(5, d, device="cuda", dtype=dtype)
+    for out_of_place, in_place in [(PackedSwiGLUBwdOp(d), PackedSwiGLUInplaceBwdOp(d)),
+                                   (PackedGeGLUBwdOp(d, "tanh"), PackedGeGLUInplaceBwdOp(d, "tanh"))]:
+        expected = out_of_place(dy, x)
+        written = x.clone()
+        assert in_place(dy, written) is written
+        assert torch.equal(written, expected)
+        assert [key for key, _ in in_place.built_kernels()] == ["tilelang"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

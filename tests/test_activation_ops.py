@@ -16,6 +16,7 @@ from tileops.ops import (
     GeGLUFwdOp,
     GELUBwdOp,
     GELUFwdOp,
+    PackedGeGLUBwdOp,
     PackedGeGLUFwdOp,
     PackedSwiGLUBwdOp,
     PackedSwiGLUFwdOp,
@@ -197,6 +198,48 @@ def test_consumed_inputs_carry_their_own_gradients_so_no_tensor_of_their_size_is
     up.register_hook(lambda grad: arrived.__setitem__("up", grad.data_ptr()))
     SwiGLUFwdOp(consume_inputs=True)(gate, up).sum().backward()
     assert arrived == addresses
+
+
+#: The packed forms: (forward op, its options, the backward op that computes dx as a new tensor)
+CONSUMING_PACKED = [
+    (PackedSwiGLUFwdOp, {"d": 24}, PackedSwiGLUBwdOp(24)),
+    (PackedGeGLUFwdOp, {"d": 24, "approximate": "tanh"}, PackedGeGLUBwdOp(24, "tanh")),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize(("op_class", "options", "backward"), CONSUMING_PACKED, ids=["swiglu", "geglu-tanh"])
+def test_consume_inputs_writes_the_packed_gradient_over_the_fused_projection_and_changes_no_gradient(
+    op_class, options, backward, dtype
+):
+    gradients = []
+    for consume in (False, True):
+        x, w_gate, w_up = _projected(dtype)
+        fused = x @ torch.cat([w_gate, w_up]).t()  # a fused gate-up projection: (3, 5, 48)
+        value = fused.detach().clone()
+        y = op_class(**options, consume_inputs=consume)(fused)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+        y.backward(dy)
+        gradients.append([t.grad for t in (x, w_gate, w_up)])
+        if consume:  # the projection now holds its gradient, as the backward op computes it
+            assert torch.equal(fused.detach(), backward(dy, value))
+        else:
+            assert torch.equal(fused.detach(), value)
+    for ordinary, consumed in zip(*gradients):
+        assert torch.equal(ordinary, consumed)
+
+
+def test_a_consumed_packed_input_carries_its_own_gradient_and_a_leaf_is_never_written():
+    x, w_gate, w_up = _projected(torch.float32)
+    fused = x @ torch.cat([w_gate, w_up]).t()
+    arrived = []
+    fused.register_hook(lambda grad: arrived.append(grad.data_ptr()))
+    PackedSwiGLUFwdOp(24, consume_inputs=True)(fused).sum().backward()
+    assert arrived == [fused.data_ptr()]
+    leaf = torch.randn(4, 48, requires_grad=True)
+    value = leaf.detach().clone()
+    PackedSwiGLUFwdOp(24, consume_inputs=True)(leaf).square().sum().backward()
+    assert torch.equal(leaf.detach(), value) and leaf.grad is not None
 
 
 def _leaves():

@@ -16,8 +16,10 @@ from tileops.ops.activation import (
     GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
+    PackedGatedInplaceBwdInterface,
     PackedSwiGLUBwdOp,
     PackedSwiGLUFwdOp,
+    PackedSwiGLUInplaceBwdOp,
     SiLUFwdOp,
     SwiGLUBwdOp,
     SwiGLUInplaceBwdOp,
@@ -117,6 +119,15 @@ def test_the_in_place_gated_backward_kernel_launches_on_dy_gate_up_alone_and_all
     assert config == policy.launch_config("gated_bwd_inplace", torch.bfloat16, True)  # a large call: the main build
 
 
+def test_the_in_place_packed_backward_kernel_launches_on_dy_and_x_alone_and_allocates_nothing(launches):
+    kernel = _kernel(PackedSwiGLUInplaceBwdOp(1024), PackedGatedInplaceBwdInterface, torch.bfloat16)
+    dy, x = torch.zeros(1024, 1024, dtype=torch.bfloat16), torch.zeros(1024, 2048, dtype=torch.bfloat16)
+    assert kernel.forward(dy, x) == ()
+    config, rank, tensors = launches[-1]
+    assert rank == 2 and len(tensors) == 2 and tensors[0] is dy and tensors[1] is x
+    assert config == policy.launch_config("packed_bwd_inplace", torch.bfloat16, True)  # sized by x: the main build
+
+
 def test_large_calls_take_the_main_build_and_unaligned_kernels_the_scalar_programs(launches):
     kernel = _kernel(SwiGLUBwdOp(), GatedBwdInterface, torch.float16, aligned=False)
     bound = policy.small_call_elements(kernel.default_config(), 132)
@@ -189,6 +200,7 @@ for kind, activation, dtype, aligned, d, config in [
     ("gated_bwd_inplace", "silu", torch.bfloat16, True, 0, policy.launch_config("gated_bwd_inplace", torch.bfloat16, True)),
     ("packed", "silu", torch.bfloat16, True, 14336, policy.launch_config("packed", torch.bfloat16, True)),
     ("packed_bwd", "gelu", torch.float32, False, 1001, policy.SMALL),
+    ("packed_bwd_inplace", "silu", torch.bfloat16, True, 4096, policy.launch_config("packed_bwd_inplace", torch.bfloat16, True)),
 ]:
     config = {"vec": programs.vector_width(dtype, aligned), **config}
     kernel = programs.compile_program(kind, activation, dtype, target, d=d, **config)
@@ -214,4 +226,5 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
         ["gated_bwd_inplace", "8", "5", "False", "False", "True"],  # dy, gate, up read; gate, up written
         ["packed", "8", "3", "False", "False", "True"],
         ["packed_bwd", "1", "0", "True", "False", "False"],
+        ["packed_bwd_inplace", "8", "5", "False", "False", "True"],  # dy, gate, up read; dgate, dup written over x
     ], result.stdout[-3000:]

@@ -79,6 +79,8 @@ _checks = {
     "GeGLUInplaceBwdOp": lambda op: torch.testing.assert_close(op(_r, _x.clone(), _r.clone())[1], _F.gelu(_x) * _r),
     "PackedSwiGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.silu(_x[:, :4]) * _r[:, :4]),
     "PackedGeGLUBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x)[:, 4:], _F.gelu(_x[:, :4]) * _r[:, :4]),
+    "PackedSwiGLUInplaceBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x.clone())[:, 4:], _F.silu(_x[:, :4]) * _r[:, :4]),
+    "PackedGeGLUInplaceBwdOp": lambda op: torch.testing.assert_close(op(_r[:, :4], _x.clone())[:, 4:], _F.gelu(_x[:, :4]) * _r[:, :4]),
     # Rows of x as (3 tokens, 1 head, 8), cos 0 and sin 1 at position 0: a quarter turn of each pair, and back.
     "RotaryEmbeddingFwdOp": lambda op: torch.testing.assert_close(
         op(_x[:, None], _r[:, None], torch.zeros(1, 8), torch.ones(1, 8), torch.zeros(3, dtype=torch.int64))[0][:, 0],

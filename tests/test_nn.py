@@ -117,6 +117,7 @@ def test_the_packed_gated_mlp_loads_a_phi3_mlp_checkpoint_and_trains_alike(activ
     mlp = tnn.PackedGatedMLP(16, 32, activation)
     assert set(mlp.state_dict()) == {"gate_up_proj.weight", "down_proj.weight"}
     assert mlp.gate_up_proj.weight.shape == (64, 16)
+    assert mlp.act.packed_op.params["consume_inputs"]  # the fused projection's output takes its gradient
     x = torch.randn(2, 3, 16, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_()
     y = mlp(x)

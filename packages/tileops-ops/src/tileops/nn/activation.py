@@ -8,7 +8,8 @@ projection's output), and return d wide (``PackedSwiGLUFwdOp``, ``PackedGeGLUFwd
 
 ``PackedGatedMLP`` is the same MLP with the gate and up projections fused into one
 ``gate_up_proj`` (transformers' ``Phi3MLP``): ``down_proj(act(gate) * up)`` of the halves of
-``gate_up_proj(x)``, the gated product on the packed op, which reads them where they are.
+``gate_up_proj(x)``, the gated product on the packed op, which reads them where they are and
+whose backward writes the gradient of the fused projection's output over it.
 
 ``GatedMLP(hidden_size, intermediate_size, activation)`` computes ``down_proj(act(gate_proj(x)) *
 up_proj(x))`` with three ``torch.nn.Linear`` children under transformers' ``LlamaMLP`` names, so a
@@ -37,7 +38,7 @@ class _GLU(torch.nn.Module):
         super().__init__()
         self.options, self.d, self.consume_inputs = options, d, consume_inputs
         self.op = self._two_tensor_op(**options, consume_inputs=consume_inputs, target=target)
-        self.packed_op = None if d is None else self._packed_op(d, **options, target=target)
+        self.packed_op = None if d is None else self._packed_op(d, **options, consume_inputs=consume_inputs, target=target)
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
         if up is not None:
@@ -56,9 +57,10 @@ class _GLU(torch.nn.Module):
 class SwiGLU(_GLU):
     """``silu(gate) * up``: ``SwiGLU(*, d=None, consume_inputs=False, target=None)``;
     ``forward(gate, up)``, or ``forward(packed)`` for ``[gate | up]`` along the last dimension,
-    2 * d wide. ``consume_inputs=True``: the backward of a two-tensor call writes the gradients
-    over gate and up where they are temporaries of the graph (``SwiGLUFwdOp``'s param); for
-    inputs nothing else reads, as an MLP's projections."""
+    2 * d wide. ``consume_inputs=True``: the backward writes the gradients over gate and up (or
+    [dgate | dup] over the packed input) where they are temporaries of the graph
+    (``SwiGLUFwdOp``'s and ``PackedSwiGLUFwdOp``'s param); for inputs nothing else reads, as an
+    MLP's projections."""
 
     _two_tensor_op = SwiGLUFwdOp
     _packed_op = PackedSwiGLUFwdOp
@@ -84,9 +86,9 @@ class GeGLU(_GLU):
 #: GatedMLP's activation names, and the gated module each is (its inputs the MLP's own
 #: projections, which the backward may overwrite; ``d``: the packed form's half width).
 ACTIVATIONS = {
-    "silu": lambda target, d=None: SwiGLU(d=d, consume_inputs=d is None, target=target),
-    "gelu": lambda target, d=None: GeGLU("none", d=d, consume_inputs=d is None, target=target),
-    "gelu_tanh": lambda target, d=None: GeGLU("tanh", d=d, consume_inputs=d is None, target=target),
+    "silu": lambda target, d=None: SwiGLU(d=d, consume_inputs=True, target=target),
+    "gelu": lambda target, d=None: GeGLU("none", d=d, consume_inputs=True, target=target),
+    "gelu_tanh": lambda target, d=None: GeGLU("tanh", d=d, consume_inputs=True, target=target),
 }
 
 

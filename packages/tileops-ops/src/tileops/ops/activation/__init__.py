@@ -16,6 +16,7 @@ from .interfaces import (
     PackedCall,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
+    PackedGatedInplaceBwdInterface,
 )
 from .ops import (
     GeGLUBwdOp,
@@ -25,8 +26,10 @@ from .ops import (
     GELUFwdOp,
     PackedGeGLUBwdOp,
     PackedGeGLUFwdOp,
+    PackedGeGLUInplaceBwdOp,
     PackedSwiGLUBwdOp,
     PackedSwiGLUFwdOp,
+    PackedSwiGLUInplaceBwdOp,
     SiLUBwdOp,
     SiLUFwdOp,
     SwiGLUBwdOp,
@@ -49,6 +52,8 @@ OPS = (
     PackedGeGLUBwdOp,
     SwiGLUInplaceBwdOp,
     GeGLUInplaceBwdOp,
+    PackedSwiGLUInplaceBwdOp,
+    PackedGeGLUInplaceBwdOp,
 )
 
 __all__ = [
@@ -68,10 +73,13 @@ __all__ = [
     "PackedCall",
     "PackedGatedBwdInterface",
     "PackedGatedFwdInterface",
+    "PackedGatedInplaceBwdInterface",
     "PackedGeGLUBwdOp",
     "PackedGeGLUFwdOp",
+    "PackedGeGLUInplaceBwdOp",
     "PackedSwiGLUBwdOp",
     "PackedSwiGLUFwdOp",
+    "PackedSwiGLUInplaceBwdOp",
     "SiLUBwdOp",
     "SiLUFwdOp",
     "SwiGLUBwdOp",

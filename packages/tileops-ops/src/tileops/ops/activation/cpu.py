@@ -24,6 +24,7 @@ from .interfaces import (
     GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
+    PackedGatedInplaceBwdInterface,
 )
 
 
@@ -123,6 +124,13 @@ class TorchCpuPackedGatedBwd(_TorchActivation, PackedGatedBwdInterface):
         return torch.cat(self.gated_gradients(dy, gate, up), -1)
 
 
+class TorchCpuPackedGatedInplaceBwd(_TorchActivation, PackedGatedInplaceBwdInterface):
+    # As the gated in-place form: computed out of place, then copied over x.
+    def forward(self, dy, x):
+        gate, up = x.chunk(2, -1)
+        x.copy_(torch.cat(self.gated_gradients(dy, gate, up), -1))
+
+
 #: key -> class per interface: the CPU implementations, and the float64 ones on CUDA.
 IMPLEMENTATIONS = {
     interface: {
@@ -137,5 +145,6 @@ IMPLEMENTATIONS = {
         (GatedInplaceBwdInterface, TorchCpuGatedInplaceBwd),
         (PackedGatedFwdInterface, TorchCpuPackedGated),
         (PackedGatedBwdInterface, TorchCpuPackedGatedBwd),
+        (PackedGatedInplaceBwdInterface, TorchCpuPackedGatedInplaceBwd),
     )
 }

@@ -115,3 +115,13 @@ class PackedGatedBwdInterface(KernelInterface):
     def forward(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The gradient of x for contiguous (m, d) ``dy`` and (m, 2 * d) ``x``:
         dx = [dy * up * act'(gate) | dy * act(gate)], a new tensor of x's shape and dtype."""
+
+
+class PackedGatedInplaceBwdInterface(KernelInterface):
+    call_spec = PackedCall
+
+    @abc.abstractmethod
+    def forward(self, dy: torch.Tensor, x: torch.Tensor) -> None:
+        """``PackedGatedBwdInterface``'s gradient written over its input: ``x`` (contiguous
+        (m, 2 * d) rows, which the caller will not read again) becomes [dgate | dup]. Each
+        element pair's gate and up are read before either gradient is written."""

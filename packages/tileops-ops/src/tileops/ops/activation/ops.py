@@ -27,6 +27,7 @@ from .interfaces import (
     GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
+    PackedGatedInplaceBwdInterface,
 )
 
 
@@ -203,6 +204,22 @@ class _PackedBwdOp(_PackedOp):
         return _deliver(kernel.forward(dy.view(-1, d), x.view(-1, 2 * d)), x, None)
 
 
+class _PackedInplaceBwdOp(_PackedOp):
+    kernel_interfaces = (PackedGatedInplaceBwdInterface,)
+    in_tree_kernels = {PackedGatedInplaceBwdInterface: IMPLEMENTATIONS[PackedGatedInplaceBwdInterface]}
+
+    def forward(self, dy, x):
+        # x is contiguous (the signature refuses others), so its rows view writes through to it.
+        d = self.params["d"]
+        device = dy.device
+        kernel = self.kernel_for(PackedGatedInplaceBwdInterface, device, dy.dtype, vector_ready(device, d, dy.dtype, dy, x))
+        if kernel.takes_any_shape:
+            kernel.forward(dy, x)
+        else:
+            kernel.forward(dy.view(-1, d), x.view(-1, 2 * d))
+        return x
+
+
 class SiLUFwdOp(_UnaryFwdOp):
     """``torch.nn.functional.silu`` as an op: ``op(x, *, out=None)``."""
 
@@ -242,19 +259,23 @@ class GeGLUFwdOp(_GatedFwdOp):
 
 class PackedSwiGLUFwdOp(_PackedFwdOp):
     """``silu(x[..., :d]) * x[..., d:]`` as an op: ``op(x, *, out=None)``, x holding [gate | up]
-    (vLLM's ``SiluAndMul``)."""
+    (vLLM's ``SiluAndMul``). Built with ``consume_inputs=True``, its backward writes the gradient
+    over x where it is the graph's temporary (``PackedSwiGLUInplaceBwdOp``)."""
 
     activation = "silu"
 
-    def __init__(self, d: int, *, target: str | None = None) -> None:
-        super().__init__(d=d, target=target)
+    def __init__(self, d: int, consume_inputs: bool = False, *, target: str | None = None) -> None:
+        super().__init__(d=d, consume_inputs=consume_inputs, target=target)
 
 
 class PackedGeGLUFwdOp(_PackedFwdOp):
-    """``gelu(x[..., :d], approximate) * x[..., d:]`` as an op: ``op(x, *, out=None)``."""
+    """``gelu(x[..., :d], approximate) * x[..., d:]`` as an op: ``op(x, *, out=None)``;
+    ``consume_inputs`` as ``PackedSwiGLUFwdOp``'s."""
 
-    def __init__(self, d: int, approximate: str = "none", *, target: str | None = None) -> None:
-        super().__init__(d=d, approximate=approximate, target=target)
+    def __init__(
+        self, d: int, approximate: str = "none", consume_inputs: bool = False, *, target: str | None = None
+    ) -> None:
+        super().__init__(d=d, approximate=approximate, consume_inputs=consume_inputs, target=target)
         self.activation = _activation("gelu", self.params["approximate"])
 
 
@@ -324,6 +345,24 @@ class PackedSwiGLUBwdOp(_PackedBwdOp):
 
 class PackedGeGLUBwdOp(_PackedBwdOp):
     """Gradient of ``PackedGeGLUFwdOp``: ``op(dy, x) -> dx`` (x's shape, [dgate | dup])."""
+
+    def __init__(self, d: int, approximate: str = "none", *, target: str | None = None) -> None:
+        super().__init__(d=d, approximate=approximate, target=target)
+        self.activation = _activation("gelu", self.params["approximate"])
+
+
+class PackedSwiGLUInplaceBwdOp(_PackedInplaceBwdOp):
+    """Gradient of ``PackedSwiGLUFwdOp`` written over its input: ``op(dy, x) -> x``, x holding
+    [dgate | dup]."""
+
+    activation = "silu"
+
+    def __init__(self, d: int, *, target: str | None = None) -> None:
+        super().__init__(d=d, target=target)
+
+
+class PackedGeGLUInplaceBwdOp(_PackedInplaceBwdOp):
+    """Gradient of ``PackedGeGLUFwdOp`` written over its input: ``op(dy, x) -> x``."""
 
     def __init__(self, d: int, approximate: str = "none", *, target: str | None = None) -> None:
         super().__init__(d=d, approximate=approximate, target=target)

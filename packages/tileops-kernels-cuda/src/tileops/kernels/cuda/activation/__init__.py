@@ -22,6 +22,7 @@ from tileops.ops.activation import (
     GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
+    PackedGatedInplaceBwdInterface,
 )
 
 from ..device import sm_count
@@ -122,6 +123,13 @@ class PackedGatedBwdKernel(_TileLangActivation, PackedGatedBwdInterface):
     ranks_built_eagerly = (2,)
 
 
+class PackedGatedInplaceBwdKernel(_TileLangActivation, PackedGatedInplaceBwdInterface):
+    kind = "packed_bwd_inplace"
+    outputs = ()  # the gradient is written over x
+    size_of = 1  # x: the call's largest tensor
+    ranks_built_eagerly = (2,)
+
+
 KERNELS = {
     ActivationFwdInterface: {"tilelang": ActivationKernel},
     ActivationBwdInterface: {"tilelang": ActivationBwdKernel},
@@ -130,4 +138,5 @@ KERNELS = {
     GatedInplaceBwdInterface: {"tilelang": GatedInplaceBwdKernel},
     PackedGatedFwdInterface: {"tilelang": PackedGatedKernel},
     PackedGatedBwdInterface: {"tilelang": PackedGatedBwdKernel},
+    PackedGatedInplaceBwdInterface: {"tilelang": PackedGatedInplaceBwdKernel},
 }

@@ -20,7 +20,9 @@ The kinds (``KINDS``), each a function of the activation ``act`` (silu, exact ge
 - ``gated_bwd_inplace``: gated_bwd's gradients written over gate and up (a thread loads all its
   elements before it stores any, and no other thread touches them);
 - ``packed``: y[r, c] = act(x[r, c]) * x[r, d + c], x of (m, 2 * d) rows, y of (m, d);
-- ``packed_bwd``: dx[r, c] and dx[r, d + c] as gated_bwd's dgate and dup, from dy of (m, d).
+- ``packed_bwd``: dx[r, c] and dx[r, d + c] as gated_bwd's dgate and dup, from dy of (m, d);
+- ``packed_bwd_inplace``: packed_bwd's gradient written over x (a thread loads both halves of
+  its elements before it stores either, and no other thread touches them).
 
 The lengths are symbolic, so one compiled program serves every length (the packed kinds' d is a
 compile-time constant, part of the call spec); lengths and element indices are 64-bit, so a
@@ -35,9 +37,10 @@ import torch
 from ..compile import compile_once
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-KINDS = ("act", "act_bwd", "gated", "gated_bwd", "gated_bwd_inplace", "packed", "packed_bwd")
+KINDS = ("act", "act_bwd", "gated", "gated_bwd", "gated_bwd_inplace", "packed", "packed_bwd", "packed_bwd_inplace")
 #: The tensors each kind reads: a thread has per_thread loads of each in flight at once.
-INPUTS = {"act": 1, "act_bwd": 2, "gated": 2, "gated_bwd": 3, "gated_bwd_inplace": 3, "packed": 2, "packed_bwd": 3}
+INPUTS = {"act": 1, "act_bwd": 2, "gated": 2, "gated_bwd": 3, "gated_bwd_inplace": 3, "packed": 2, "packed_bwd": 3,
+          "packed_bwd_inplace": 3}
 _ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 _SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
@@ -280,8 +283,9 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
 
         return main
 
-    @T.prim_func
-    def main(dy: T.Tensor((m, d), dt), x: T.Tensor((m, 2 * d), dt), dx: T.Tensor((m, 2 * d), dt)):
+    @T.macro
+    def packed_gradients(dy, x, dx):
+        # The in-place kind passes x as dx: every load precedes every store.
         with T.Kernel(T.ceildiv(m * dv, chunk), threads=threads) as bx:
             tx = T.get_thread_binding()
             g = T.alloc_local((held,), dt)
@@ -298,6 +302,18 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
                 db[e] = narrow(wide(g[e]) * value)
             scatter_rows(da, dx, bx, tx, m * dv, 0)
             scatter_rows(db, dx, bx, tx, m * dv, d)
+
+    if kind == "packed_bwd":
+
+        @T.prim_func
+        def main(dy: T.Tensor((m, d), dt), x: T.Tensor((m, 2 * d), dt), dx: T.Tensor((m, 2 * d), dt)):
+            packed_gradients(dy, x, dx)
+
+        return main
+
+    @T.prim_func
+    def main(dy: T.Tensor((m, d), dt), x: T.Tensor((m, 2 * d), dt)):
+        packed_gradients(dy, x, x)
 
     return main
 
