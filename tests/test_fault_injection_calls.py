@@ -305,6 +305,36 @@ def test_a_raising_device_facts_reader_is_an_error_naming_the_reader(scoped_regi
     assert facts_for(torch.device("cpu")).device_type == "cpu"
 
 
+def test_a_kernel_the_compiler_rejects_is_an_error_naming_the_kernel_the_architecture_and_the_complaint(monkeypatch):
+    # As a CUDA toolkit that does not build for the GPU's architecture fails (CUDA 13 for sm_70).
+    from tileops.core import KernelBuildError
+    from tileops.kernels.cuda import compile as compiling
+
+    class _Program:
+        def with_attr(self, name, value):
+            return self
+
+    class _RejectingTileLang:
+        calls = 0
+
+        def compile(self, program, target):
+            type(self).calls += 1
+            raise RuntimeError("Compilation error:\nnvcc fatal   : Unsupported gpu architecture 'sm_70'\n\nCommand: nvcc ...")
+
+    monkeypatch.setattr(compiling, "_import_tilelang", _RejectingTileLang)
+    identity = ("fault", "rejected", 4096, (("threads", 256),))
+    error = assert_refused(
+        KernelBuildError, lambda: compiling.compile_once(identity, _Program, {"kind": "cuda", "arch": "sm_70"}),
+        "fault rejected 4096 threads=256", "cuda sm_70", "nvcc fatal   : Unsupported gpu architecture 'sm_70'",
+    )
+    assert isinstance(error, RuntimeError) and "Compilation error" not in str(error)
+    assert "Command:" in str(error.__cause__)  # the compiler's whole output stays reachable
+    # Nothing is kept of the failure: the next call compiles again.
+    with pytest.raises(KernelBuildError):
+        compiling.compile_once(identity, _Program, {"kind": "cuda", "arch": "sm_70"})
+    assert _RejectingTileLang.calls == 2
+
+
 class _FakeDevice:
     """A device of a type torch does not know, as selection would hand it to a reader."""
 

@@ -9,6 +9,7 @@ from ..core.discovery import LoadFailure, load_failures
 from ..core.errors import (
     AmbiguousTargetError,
     BackendError,
+    KernelBuildError,
     KernelSelectionError,
     ManifestError,
     OpArgumentError,
@@ -27,6 +28,7 @@ __all__ = [
     "DeviceFacts",
     "Kernel",
     "KernelInterface",
+    "KernelBuildError",
     "KernelSelectionError",
     "LoadFailure",
     "ManifestError",

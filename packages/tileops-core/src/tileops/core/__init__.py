@@ -29,6 +29,7 @@ from .device_facts import DeviceFacts, facts_for
 from .errors import (
     AmbiguousTargetError,
     BackendError,
+    KernelBuildError,
     KernelSelectionError,
     ManifestError,
     OpArgumentError,
@@ -51,6 +52,7 @@ __all__ = [
     "DeviceFacts",
     "Kernel",
     "KernelInterface",
+    "KernelBuildError",
     "KernelSelectionError",
     "ManifestError",
     "Op",

@@ -2,7 +2,8 @@
 
 ``BackendError`` and its subclasses are about how backends and targets were registered or
 chosen; ``OpArgumentError`` is about what a caller passed to an op; ``KernelSelectionError``
-is about a call no implementation (or more than one) claims. Each message is built where the
+is about a call no implementation (or more than one) claims; ``KernelBuildError`` about a kernel
+that could not be compiled for the call's device. Each message is built where the
 facts are known and says what to do next.
 """
 
@@ -39,6 +40,11 @@ class OpArgumentError(TileOpsError, TypeError, ValueError):
 
 class KernelSelectionError(TileOpsError, RuntimeError):
     """No implementation, or more than one, is left for a call after selection."""
+
+
+class KernelBuildError(TileOpsError, RuntimeError):
+    """The implementation selection chose could not build its kernel for the call's device: the
+    message names the kernel, the architecture and what the compiler said."""
 
 
 class ManifestError(TileOpsError, ValueError):

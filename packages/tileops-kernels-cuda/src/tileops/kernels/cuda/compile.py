@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from tileops.core import KernelBuildError
+
 from . import progress
 
 _compiled: dict[tuple, Any] = {}
@@ -45,13 +47,30 @@ def compile_once(identity: Hashable, make_program: Callable[[], Any], target: di
             tilelang = _import_tilelang()
             started = time.perf_counter()
             program = make_program().with_attr("global_symbol", kernel_name(identity))
-            kernel = _compiled[key] = tilelang.compile(program, target=target)
+            try:
+                kernel = _compiled[key] = tilelang.compile(program, target=target)
+            except Exception as error:
+                raise KernelBuildError(
+                    f"the TileLang kernel {_described(identity)} could not be compiled for "
+                    f"{' '.join(map(str, target.values()))}: {_compiler_complaint(error)}. The CUDA toolkit TileLang "
+                    "compiles with must build for the GPU's architecture (CUDA 13's nvcc no longer builds for sm_70 "
+                    "and older); the compiler's whole output is this error's cause"
+                ) from error
             if not progress.drawing():
                 sys.stderr.write(
                     f"tileops: built kernel {_described(identity)} for {' '.join(map(str, target.values()))} "
                     f"in {time.perf_counter() - started:.1f} s\n"
                 )
     return kernel
+
+
+def _compiler_complaint(error: Exception) -> str:
+    """The lines of a failed compilation's message that say what failed (nvcc's "fatal" and
+    "error" lines, not TileLang's heading), else its last line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if re.search(r"\b(error|fatal)\b", line, re.IGNORECASE)
+            and not line.lower().startswith("compilation error")]
+    return "; ".join(said[:3]) if said else (lines[-1] if lines else type(error).__name__)
 
 
 def kernel_name(identity: Hashable) -> str:
