@@ -326,6 +326,7 @@ def test_a_kernel_the_compiler_rejects_is_an_error_naming_the_kernel_the_archite
     error = assert_refused(
         KernelBuildError, lambda: compiling.compile_once(identity, _Program, {"kind": "cuda", "arch": "sm_70"}),
         "fault rejected 4096 threads=256", "cuda sm_70", "nvcc fatal   : Unsupported gpu architecture 'sm_70'",
+        "must build for the GPU's architecture",
     )
     assert isinstance(error, RuntimeError) and "Compilation error" not in str(error)
     assert "Command:" in str(error.__cause__)  # the compiler's whole output stays reachable

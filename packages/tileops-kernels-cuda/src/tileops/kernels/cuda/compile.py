@@ -50,11 +50,16 @@ def compile_once(identity: Hashable, make_program: Callable[[], Any], target: di
             try:
                 kernel = _compiled[key] = tilelang.compile(program, target=target)
             except Exception as error:
+                complaint = _compiler_complaint(error)
+                hint = (
+                    " The CUDA toolkit TileLang compiles with must build for the GPU's architecture (CUDA 13's "
+                    "nvcc builds for sm_75 and later): install one that does."
+                    if re.search(r"unsupported gpu architecture", complaint, re.IGNORECASE) else ""
+                )
                 raise KernelBuildError(
                     f"the TileLang kernel {_described(identity)} could not be compiled for "
-                    f"{' '.join(map(str, target.values()))}: {_compiler_complaint(error)}. The CUDA toolkit TileLang "
-                    "compiles with must build for the GPU's architecture (CUDA 13's nvcc no longer builds for sm_70 "
-                    "and older); the compiler's whole output is this error's cause"
+                    f"{' '.join(map(str, target.values()))}: {complaint}.{hint} The compiler's whole output is "
+                    "this error's cause"
                 ) from error
             if not progress.drawing():
                 sys.stderr.write(
