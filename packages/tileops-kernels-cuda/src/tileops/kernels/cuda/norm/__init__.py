@@ -7,7 +7,9 @@ and keeps it in L1/L2 in between by eviction priority (any length; the single no
 and layer_norm's short ones), and ``<kind>_scalar`` serves every length and alignment without
 vector accesses. ``KERNELS`` (interface -> key -> class) is the table the ops name; in it, where
 several variants serve a call the earlier beats the later (``preferred_over``), and the scalar
-one is ``general``. Their boundaries are ``policy.refusal`` (measured on an H200).
+one is ``general``. Their boundaries are ``policy.refusal`` (measured on an H200) and, for the
+shared variant, the shared memory a block may have on the call's GPU
+(``policy.shared_memory_refusal``).
 
 Besides its main build, a kernel may have three more, chosen per call by x's size
 (``build_plan``): a decode build for calls of at most one row per SM of its device
