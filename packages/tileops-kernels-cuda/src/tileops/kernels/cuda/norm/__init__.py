@@ -7,9 +7,8 @@ and keeps it in L1/L2 in between by eviction priority (any length; the single no
 and layer_norm's short ones), and ``<kind>_scalar`` serves every length and alignment without
 vector accesses. ``KERNELS`` (interface -> key -> class) is the table the ops name; in it, where
 several variants serve a call the earlier beats the later (``preferred_over``), and the scalar
-one is ``general``. Their boundaries are ``policy.refusal`` (measured on an H200) and, for the
-shared variant, the shared memory a block may have on the call's GPU
-(``policy.shared_memory_refusal``).
+one is ``general``. Their boundaries are ``policy.refusal``: measured on an H200, and for the
+shared variant the shared memory a block may have on the call's GPU.
 
 Besides its main build, a kernel may have three more, chosen per call by x's size
 (``build_plan``): a decode build for calls of at most one row per SM of its device
@@ -154,11 +153,8 @@ class _TileLangNorm(TileLangKernel):
 
     @classmethod
     def refusal(cls, call: NormCall) -> str | None:
-        reason = policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned)
-        if reason is None and cls.variant == "shared":
-            per_block = shared_memory_per_block(call.device)
-            reason = policy.shared_memory_refusal(cls.kind, call.n, call.dtype, per_block)
-        return reason
+        per_block = shared_memory_per_block(call.device) if cls.variant == "shared" else None
+        return policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned, per_block)
 
     @classmethod
     def entry_for(cls, call: NormCall):

@@ -162,13 +162,18 @@ REFUSALS = {
 }
 
 
-def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) -> str | None:
-    """None if ``variant`` should serve (kind, n, dtype, aligned), else why not.
+def refusal(
+    kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool, shared_per_block: int | None = None
+) -> str | None:
+    """None if ``variant`` should serve (kind, n, dtype, aligned) on a GPU that gives a block at
+    most ``shared_per_block`` bytes of shared memory (None: not known, taken as enough), else
+    why not.
 
     The variant's own limits, plus the measured preferences: layer-norm rows over
     1 KiB (2 KiB fused with the residual add) are faster in 'shared' than in
     'register', so 'register' leaves them; single-norm rows of 32 KiB or more, and
-    layer-norm rows of at most 4 KiB, are faster 'streamed', so 'shared' leaves them.
+    layer-norm rows of at most 4 KiB, are faster 'streamed', so 'shared' leaves them;
+    and 'shared' leaves the rows the GPU's shared memory cannot park (``shared_memory_refusal``).
     """
     reason = REFUSALS[variant](n, dtype, aligned)
     if reason is not None:
@@ -189,6 +194,8 @@ def refusal(kind: str, variant: str, n: int, dtype: torch.dtype, aligned: bool) 
                 f"{kind} rows of at most {_LAYER_NORM_STREAMED_MAX_SHORT_ROW_BYTES} bytes run faster in the "
                 f"'streamed' variant (this row is {row_bytes} bytes)"
             )
+    if variant == "shared":
+        return shared_memory_refusal(kind, n, dtype, shared_per_block)
     return None
 
 
