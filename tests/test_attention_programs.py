@@ -5,6 +5,8 @@ replaced) and the compile tier: one build of each program kind lowered and compi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -193,34 +195,107 @@ def test_sm90_is_compiled_as_sm90a():
 
 # -- the compile tier ---------------------------------------------------------------------------
 
+_BARRIER = re.compile(r"mbarrier\[(.+?)\]\.(wait|arrive)\(")
+_TMA_LOAD_INTO = re.compile(r"tma_load\(\w+, mbarrier\[.+?\], \(&\(\(\(\w+\*\)(\w+)\)")
+_PRODUCT_READS = re.compile(r"initialize_wgmma_descriptor<[^>]*>\(\w+, \(&\(\(\(\w+\*\)(\w+)\)")
+_WAIT = re.compile(r"(?:wait_wgmma|warpgroup_wait)<(\d+)>")  # an asynchronous product's wait, a synchronous one's
+
+
+def _hand_backs_while_read(source: str) -> tuple[dict[str, str], list[str]]:
+    """In a warp-specialised kernel's CUDA source: (the barrier each pipelined buffer is handed
+    back to the loads on, the buffers handed back while an issued, unwaited product still reads
+    them). The loader writes the next tile into a buffer as soon as it is handed back, so a
+    product that is still reading it would read that tile: a race the tests' numbers rarely show.
+
+    The loader's branch (before the consumers' register allocation) waits on a buffer's barrier
+    before each TMA load into it; the consumers' branch is read in order: a product's shared
+    operands are its descriptors' buffers, ``warpgroup_commit_batch`` issues them as a group,
+    ``wait_wgmma<n>`` (``warpgroup_wait<n>`` after a synchronous product) leaves the last n
+    groups running, and an ``arrive`` hands a buffer back."""
+    loader, consumers = source.split("warpgroup_reg_alloc<", 1)
+    same_barrier = lambda expression: re.sub(r"\b([a-z]\w*?)_\d+\b", r"\1", expression)  # noqa: E731 (kb_1 is kb)
+    buffer_of, waited = {}, None
+    for line in loader.splitlines():
+        if (match := _BARRIER.search(line)) and match[2] == "wait":
+            waited = same_barrier(match[1])
+        elif (match := _TMA_LOAD_INTO.search(line)) and waited is not None:
+            buffer_of[waited] = match[1]
+    running, group, early = [], set(), []
+    for line in consumers.splitlines():
+        if match := _PRODUCT_READS.search(line):
+            group.add(match[1])
+        elif "warpgroup_commit_batch()" in line:
+            running.append(group)
+            group = set()
+        elif match := _WAIT.search(line):
+            left = int(match[1])
+            running = running[len(running) - left :] if left else []
+        elif (match := _BARRIER.search(line)) and match[2] == "arrive":
+            buffer = buffer_of.get(same_barrier(match[1]))
+            if buffer is not None and any(buffer in reads for reads in running):
+                early.append(buffer)
+    return buffer_of, early
+
+
+_PIPELINE = """
+  if (((int)threadIdx.x) < 128) {
+    for (int kb = 0; kb < n; ++kb) {
+      mbarrier[((kb & 1) + 4)].wait((((kb & 3) >> 1) ^ 1));
+      tl::tma_load(K_desc, mbarrier[(kb & 1)], (&(((bfloat16_t*)k_tile)[((kb & 1) * 8192)])), 0, kb * 64);
+    }
+  } else {
+    tl::warpgroup_reg_alloc<240>();
+    for (int kb_1 = 0; kb_1 < n; ++kb_1) {
+      mbarrier[(kb_1 & 1)].wait(((kb_1 & 3) >> 1));
+      tl::initialize_wgmma_descriptor<1, 1, 64>(desc_b, (&(((bfloat16_t*)k_tile)[0])));
+      tl::warpgroup_commit_batch();
+{hand_back_and_wait}
+    }
+  }
+"""
+
+
+@pytest.mark.parametrize("waited_first", [True, False])
+def test_the_hand_back_check_flags_a_buffer_handed_back_before_its_product_is_waited_for(waited_first):
+    wait, hand_back = "      tl::wait_wgmma<0>();", "      mbarrier[((kb_1 & 1) + 4)].arrive();"
+    lines = [wait, hand_back] if waited_first else [hand_back, wait]
+    buffer_of, early = _hand_backs_while_read(_PIPELINE.replace("{hand_back_and_wait}", "\n".join(lines)))
+    assert buffer_of == {"((kb & 1) + 4)": "k_tile"}
+    assert early == ([] if waited_first else ["k_tile"])
+
+
 COMPILE = """
+import os
+from pathlib import Path
 import torch
 from tileops.kernels.cuda.attention import policy, programs
 from tileops.ops.attention import AttentionCall
 target = {"kind": "cuda", "arch": "sm_90"}
 device = torch.device("cuda", 0)
+sources = Path(os.environ["KERNEL_SOURCES"])
 # One build per program kind: the forward (GQA 32/8, D 128, causal, bf16; and D 64, whose blocks
-# have three consumer warpgroups), the backward's main kernel at D 256 (split columns, window,
-# fp16, bhsd) and D 128, and its two row kernels.
+# have three consumer warpgroups), the backward's main kernel as the dense backward runs it at
+# D 256 (split columns, window, fp16, bhsd) and D 128, and its two row kernels.
 fwd = AttentionCall(device, torch.bfloat16, 128, 32, 8, True, None, 128 ** -0.5, "bshd")
 narrow = AttentionCall(device, torch.bfloat16, 64, 32, 8, False, None, 0.125, "bshd")
 wide = AttentionCall(device, torch.float16, 256, 8, 8, False, 64, 0.0625, "bhsd")
 for name, build in [
     ("forward", lambda: programs.compile_forward(fwd, target, **policy.forward_config(128))),
     ("forward_three_warpgroups", lambda: programs.compile_forward(narrow, target, **policy.forward_config(64))),
-    ("bwd_main", lambda: programs.compile_bwd_main(fwd, target, **policy.backward_config(128))),
-    ("bwd_main_split", lambda: programs.compile_bwd_main(wide, target, **policy.backward_config(256))),
+    ("bwd_main", lambda: programs.compile_bwd_main(fwd, target, **policy.dense_backward_config(128))),
+    ("bwd_main_split", lambda: programs.compile_bwd_main(wide, target, **policy.dense_backward_config(256))),
     ("bwd_pre", lambda: programs.compile_bwd_pre(wide, target, **policy.ROWS_KERNEL)),
     ("bwd_post", lambda: programs.compile_bwd_post(fwd, target, **policy.ROWS_KERNEL)),
 ]:
     source = build().get_kernel_source()
-    print(name, "wgmma_" in source, "tma_load" in source, "AtomicAdd" in source)
+    (sources / f"{name}.cu").write_text(source)
+    print(name, "wgmma_" in source, "tma_load" in source, "AtomicAdd" in source or "tma_store_add" in source)
 """
 
 
 @pytest.mark.compile
 def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_path):
-    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path / "cache"), "KERNEL_SOURCES": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.split() and line.split()[0].startswith(("forward", "bwd"))]
     # name, wgmma, TMA loads, atomics
@@ -232,3 +307,7 @@ def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_pat
         ["bwd_pre", "False", "False", "False"],
         ["bwd_post", "False", "False", "False"],
     ], result.stdout[-3000:]
+    for name in ("forward", "forward_three_warpgroups", "bwd_main", "bwd_main_split"):
+        loaded, handed_back_early = _hand_backs_while_read((tmp_path / f"{name}.cu").read_text())
+        assert loaded, f"{name}: no pipelined loads found in the source; the check below would pass vacuously"
+        assert not handed_back_early, f"{name}: buffers handed back to the loads while a product reads them: {handed_back_early}"
