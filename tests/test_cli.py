@@ -267,6 +267,21 @@ def test_explain_checks_supported_archs_against_the_stated_facts(capsys, scoped_
         assert "  - hopper_only: unavailable (the facts of cuda are unknown)" in out
 
 
+@pytest.mark.parametrize("arch, shared_serves", [(86, False), (90, True)])
+def test_explain_for_a_stated_architecture_applies_its_shared_memory_not_the_present_gpus(capsys, arch, shared_serves):
+    # A fused row of 60000 bf16 columns parks 120 KB in shared memory: within the 227 KiB an sm_90
+    # block may take, beyond the 99 KiB of an sm_86 one, whichever GPU (if any) this machine has.
+    code, out = run_cli(capsys, "explain", "FusedAddRMSNormFwdOp", "--shape", "4x60000", "--arch", str(arch))
+    assert code == 0
+    limit = {86: 99 * 1024, 90: 227 * 1024}[arch]
+    assert f"stated by --arch: cuda architecture {arch}, {limit} bytes of shared memory per block" in out
+    if shared_serves:
+        assert "  - add_rms_norm_shared: selected" in out
+    else:
+        assert f"  - add_rms_norm_shared: refused (a row of 120000 bytes takes 123008 bytes of shared memory a block and this GPU gives a block at most {limit}" in out
+        assert "  - add_rms_norm_streamed: selected" in out
+
+
 def test_explain_with_a_named_target_says_its_builder_serves_the_call(capsys):
     code, out = run_cli(capsys, *EXPLAIN_CPU, "--target", "acme")
     assert code == 0

@@ -486,3 +486,17 @@ def test_a_preference_over_an_unknown_key_is_refused_where_every_table_is_instal
     register_kernel_type("LayerNormFwdOp", "typo", type("_Typo", (_TorchLayerNorm,), {"preferred_over": frozenset({"layer_nrom"})}))
     with pytest.raises(BackendError, match="'typo' is preferred_over 'layer_nrom', which is not an implementation"):
         LayerNormFwdOp(128)
+
+
+def test_stated_facts_answer_for_their_device_type_only_and_only_while_stated():
+    stated = device_facts_module.stated_facts("cuda", 86)
+    assert stated == DeviceFacts("cuda", arch=86, shared_memory_per_block=99 * 1024)
+    assert device_facts_module.stated_facts("npu", 3) == DeviceFacts("npu", arch=3)
+    before = device_facts_module.facts_for(torch.device("cpu"))
+    with device_facts_module.stating(stated):
+        assert device_facts_module.facts_for(torch.device("cuda", 0)) is stated
+        assert device_facts_module.facts_for(torch.device("cuda", 3)) is stated
+        assert device_facts_module.facts_for(torch.device("cpu")) == before
+    assert not device_facts_module.is_stated(torch.device("cuda", 0))
+    if torch.cuda.is_available():
+        assert device_facts_module.facts_for(torch.device("cuda", 0)) is not stated

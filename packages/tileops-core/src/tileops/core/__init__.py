@@ -7,7 +7,8 @@ Public here, and stable across releases:
   specs that select an implementation, and the implementations themselves;
 - ``BUILTIN``: the name of the in-tree implementations wherever a target is named;
 - ``DeviceFacts``, ``facts_for``: what is known about a device (a kernel's launch policy reads
-  its SM count, shared memory and architecture);
+  its SM count, shared memory and architecture); ``is_stated``: whether those facts are stated
+  for a device that is asked about (``tileops explain --arch``), not read from one present;
 - ``gpu_time_us``: the GPU time of a call by CUDA-graph replay (kernels that tune themselves);
 - ``derive_input``: an op's input computed by its manifest ``derive`` expression (a backward
   op computes a statistic its forward did not save);
@@ -25,7 +26,7 @@ tools (the command line, ``tileops.testing``); every other module of this packag
 """
 
 from .autograd import derive_input, stand_in
-from .device_facts import DeviceFacts, facts_for
+from .device_facts import DeviceFacts, facts_for, is_stated
 from .errors import (
     AmbiguousTargetError,
     BackendError,
@@ -64,6 +65,7 @@ __all__ = [
     "facts_for",
     "gpu_time_us",
     "is_row_view",
+    "is_stated",
     "row_pitch",
     "shown",
     "stand_in",

@@ -3,14 +3,18 @@ memory, what a multiprocessor holds, name).
 
 Facts are read per device, never from "the current device", and only when an op misses its
 cache. CUDA and CPU facts are built in; another device type's backend registers a reader with
-``register_device_facts``. Facts can also be stated outright to ask what would run elsewhere.
+``register_device_facts``. Facts can also be stated outright to ask what would run elsewhere
+(``stated_facts``); within ``stating(facts)`` every reader of a device's facts gets them, rules
+that read a device's limits at selection included, not the present device's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -41,6 +45,41 @@ class DeviceFacts:
 
 
 FactsReader = Callable[[torch.device], DeviceFacts]
+
+#: The shared memory one block may opt in to, by CUDA architecture, as NVIDIA documents it per
+#: compute capability: what a stated architecture's facts carry, so that a rule bounded by it
+#: answers for that architecture.
+CUDA_SHARED_MEMORY_PER_BLOCK = {
+    70: 96 * 1024,
+    75: 64 * 1024,
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    120: 99 * 1024,
+}
+
+_stated: contextvars.ContextVar[DeviceFacts | None] = contextvars.ContextVar("tileops_stated_facts", default=None)
+
+
+def stated_facts(device_type: str, arch: int) -> DeviceFacts:
+    """The facts of a device of ``device_type`` and ``arch`` that no machine is asked for: the
+    architecture, and on CUDA the documented shared memory per block; the rest unknown."""
+    shared = CUDA_SHARED_MEMORY_PER_BLOCK.get(arch) if device_type == "cuda" else None
+    return DeviceFacts(device_type, arch=arch, shared_memory_per_block=shared)
+
+
+@contextlib.contextmanager
+def stating(facts: DeviceFacts) -> Iterator[None]:
+    """Within: ``facts_for`` answers ``facts`` for every device of their type, so that a question
+    about another device (``tileops explain --arch``) is not answered with the present one's."""
+    token = _stated.set(facts)
+    try:
+        yield
+    finally:
+        _stated.reset(token)
 
 
 def _cuda_facts(device: torch.device) -> DeviceFacts:
@@ -102,8 +141,16 @@ def has_facts_reader(device_type: str) -> bool:
     return device_type in _readers
 
 
+def is_stated(device: torch.device) -> bool:
+    """Whether ``facts_for(device)`` answers stated facts here (within ``stating``)."""
+    stated = _stated.get()
+    return stated is not None and stated.device_type == device.type
+
+
 def facts_for(device: torch.device) -> DeviceFacts | None:
     """The facts of ``device``, or None where no reader is registered for its type."""
+    if is_stated(device):
+        return _stated.get()
     facts = _cache.get(device)
     if facts is not None:
         return facts

@@ -11,6 +11,7 @@ of reading them. The call is read from the manifest (``call_flags``: ``--shape``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from tileops.core import registry
-from tileops.core.device_facts import DeviceFacts, facts_for
+from tileops.core.device_facts import DeviceFacts, facts_for, stated_facts, stating
 from tileops.core.errors import BackendError, KernelSelectionError, TileOpsError
 from tileops.core.kernel import CallSpec, KernelInterface
 from tileops.core.manifest import DTYPES
@@ -129,9 +130,12 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
         call_specs = op.call_specs(device, described)
     except TileOpsError as error:
         raise UsageError(f"explain cannot describe the call: {error}") from None
-    report["interfaces"] = [
-        _interface_verdicts(op, interface, call_spec, lambda _call: facts) for interface, call_spec in call_specs.items()
-    ]
+    # Stated facts are what every rule reads, those a refusal reads from the device included.
+    with stating(facts) if args.arch is not None and facts is not None else contextlib.nullcontext():
+        report["interfaces"] = [
+            _interface_verdicts(op, interface, call_spec, lambda _call: facts)
+            for interface, call_spec in call_specs.items()
+        ]
     target = report["target"]
     # A target other than builtin serves the whole call through its kernel builder.
     report["served"] = target["error"] is None and (
@@ -143,7 +147,9 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
 def _device_facts(device: torch.device, arch: int | None) -> tuple[DeviceFacts | None, str]:
     """The facts selection reads for ``device``, or None when unknown; and where they come from."""
     if arch is not None:
-        return DeviceFacts(device.type, arch=arch), f"stated by --arch: {device.type} architecture {arch}"
+        facts = stated_facts(device.type, arch)
+        limit = "" if facts.shared_memory_per_block is None else f", {facts.shared_memory_per_block} bytes of shared memory per block"
+        return facts, f"stated by --arch: {device.type} architecture {arch}{limit}"
     present = torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
     if device.type == "cuda" and not present:
         return None, (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tileops.core import DeviceFacts, facts_for
+from tileops.core import DeviceFacts, facts_for, is_stated
 
 
 def compile_target(device: torch.device) -> dict[str, str]:
@@ -36,8 +36,8 @@ def sm_count(facts: DeviceFacts | None) -> int:
 def shared_memory_per_block(device: torch.device) -> int | None:
     """The shared memory one block may opt in to on ``device``; None where it is not known, and on
     a machine without CUDA, where selection is only asked what would serve a call (``tileops
-    explain``, tests) and nothing launches."""
-    if device.type == "cuda" and not torch.cuda.is_available():
+    explain``, tests) and nothing launches, unless the question states the device's facts."""
+    if device.type == "cuda" and not torch.cuda.is_available() and not is_stated(device):
         return None
     facts = facts_for(device)
     return None if facts is None else facts.shared_memory_per_block
