@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -211,3 +212,45 @@ def tuning_timed_by_config(monkeypatch: pytest.MonkeyPatch, store: Path, launche
         return 1.0 if all(config.get(key) == value for key, value in fastest.items()) else 2.0
 
     monkeypatch.setattr(tuning, "gpu_time_us", timed)
+
+
+_BARRIER = re.compile(r"mbarrier\[(.+?)\]\.(wait|arrive)\(")
+_TMA_LOAD_INTO = re.compile(r"tma_load\(\w+, mbarrier\[.+?\], \(&\(\(\(\w+\*\)(\w+)\)")
+_PRODUCT_READS = re.compile(r"initialize_wgmma_descriptor<[^>]*>\(\w+, \(&\(\(\(\w+\*\)(\w+)\)")
+_WAIT = re.compile(r"(?:wait_wgmma|warpgroup_wait)<(\d+)>")  # an asynchronous product's wait, a synchronous one's
+
+
+def hand_backs_while_read(source: str) -> tuple[dict[str, str], list[str]]:
+    """In a warp-specialised kernel's CUDA source: (the barrier each pipelined buffer is handed
+    back to the loads on, the buffers handed back while an issued, unwaited product still reads
+    them). The loader writes the next tile into a buffer as soon as it is handed back, so a
+    product that is still reading it would read that tile: a race the tests' numbers rarely show.
+
+    The loader's branch (before the consumers' register allocation) waits on a buffer's barrier
+    before each TMA load into it; the consumers' branch is read in order: a product's shared
+    operands are its descriptors' buffers, ``warpgroup_commit_batch`` issues them as a group,
+    ``wait_wgmma<n>`` (``warpgroup_wait<n>`` after a synchronous product) leaves the last n
+    groups running, and an ``arrive`` hands a buffer back."""
+    loader, consumers = source.split("warpgroup_reg_alloc<", 1)
+    same_barrier = lambda expression: re.sub(r"\b([a-z]\w*?)_\d+\b", r"\1", expression)  # noqa: E731 (kb_1 is kb)
+    buffer_of, waited = {}, None
+    for line in loader.splitlines():
+        if (match := _BARRIER.search(line)) and match[2] == "wait":
+            waited = same_barrier(match[1])
+        elif (match := _TMA_LOAD_INTO.search(line)) and waited is not None:
+            buffer_of[waited] = match[1]
+    running, group, early = [], set(), []
+    for line in consumers.splitlines():
+        if match := _PRODUCT_READS.search(line):
+            group.add(match[1])
+        elif "warpgroup_commit_batch()" in line:
+            running.append(group)
+            group = set()
+        elif match := _WAIT.search(line):
+            left = int(match[1])
+            running = running[len(running) - left :] if left else []
+        elif (match := _BARRIER.search(line)) and match[2] == "arrive":
+            buffer = buffer_of.get(same_barrier(match[1]))
+            if buffer is not None and any(buffer in reads for reads in running):
+                early.append(buffer)
+    return buffer_of, early

@@ -5,12 +5,10 @@ replaced) and the compile tier: one build of each program kind lowered and compi
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
-from helpers import run_python
+from helpers import hand_backs_while_read, run_python
 from tileops.core import DeviceFacts
 from tileops.kernels.cuda.attention import KERNELS, policy, programs
 from tileops.kernels.cuda.device import hopper_target
@@ -195,48 +193,6 @@ def test_sm90_is_compiled_as_sm90a():
 
 # -- the compile tier ---------------------------------------------------------------------------
 
-_BARRIER = re.compile(r"mbarrier\[(.+?)\]\.(wait|arrive)\(")
-_TMA_LOAD_INTO = re.compile(r"tma_load\(\w+, mbarrier\[.+?\], \(&\(\(\(\w+\*\)(\w+)\)")
-_PRODUCT_READS = re.compile(r"initialize_wgmma_descriptor<[^>]*>\(\w+, \(&\(\(\(\w+\*\)(\w+)\)")
-_WAIT = re.compile(r"(?:wait_wgmma|warpgroup_wait)<(\d+)>")  # an asynchronous product's wait, a synchronous one's
-
-
-def _hand_backs_while_read(source: str) -> tuple[dict[str, str], list[str]]:
-    """In a warp-specialised kernel's CUDA source: (the barrier each pipelined buffer is handed
-    back to the loads on, the buffers handed back while an issued, unwaited product still reads
-    them). The loader writes the next tile into a buffer as soon as it is handed back, so a
-    product that is still reading it would read that tile: a race the tests' numbers rarely show.
-
-    The loader's branch (before the consumers' register allocation) waits on a buffer's barrier
-    before each TMA load into it; the consumers' branch is read in order: a product's shared
-    operands are its descriptors' buffers, ``warpgroup_commit_batch`` issues them as a group,
-    ``wait_wgmma<n>`` (``warpgroup_wait<n>`` after a synchronous product) leaves the last n
-    groups running, and an ``arrive`` hands a buffer back."""
-    loader, consumers = source.split("warpgroup_reg_alloc<", 1)
-    same_barrier = lambda expression: re.sub(r"\b([a-z]\w*?)_\d+\b", r"\1", expression)  # noqa: E731 (kb_1 is kb)
-    buffer_of, waited = {}, None
-    for line in loader.splitlines():
-        if (match := _BARRIER.search(line)) and match[2] == "wait":
-            waited = same_barrier(match[1])
-        elif (match := _TMA_LOAD_INTO.search(line)) and waited is not None:
-            buffer_of[waited] = match[1]
-    running, group, early = [], set(), []
-    for line in consumers.splitlines():
-        if match := _PRODUCT_READS.search(line):
-            group.add(match[1])
-        elif "warpgroup_commit_batch()" in line:
-            running.append(group)
-            group = set()
-        elif match := _WAIT.search(line):
-            left = int(match[1])
-            running = running[len(running) - left :] if left else []
-        elif (match := _BARRIER.search(line)) and match[2] == "arrive":
-            buffer = buffer_of.get(same_barrier(match[1]))
-            if buffer is not None and any(buffer in reads for reads in running):
-                early.append(buffer)
-    return buffer_of, early
-
-
 _PIPELINE = """
   if (((int)threadIdx.x) < 128) {
     for (int kb = 0; kb < n; ++kb) {
@@ -259,7 +215,7 @@ _PIPELINE = """
 def test_the_hand_back_check_flags_a_buffer_handed_back_before_its_product_is_waited_for(waited_first):
     wait, hand_back = "      tl::wait_wgmma<0>();", "      mbarrier[((kb_1 & 1) + 4)].arrive();"
     lines = [wait, hand_back] if waited_first else [hand_back, wait]
-    buffer_of, early = _hand_backs_while_read(_PIPELINE.replace("{hand_back_and_wait}", "\n".join(lines)))
+    buffer_of, early = hand_backs_while_read(_PIPELINE.replace("{hand_back_and_wait}", "\n".join(lines)))
     assert buffer_of == {"((kb & 1) + 4)": "k_tile"}
     assert early == ([] if waited_first else ["k_tile"])
 
@@ -308,6 +264,6 @@ def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_pat
         ["bwd_post", "False", "False", "False"],
     ], result.stdout[-3000:]
     for name in ("forward", "forward_three_warpgroups", "bwd_main", "bwd_main_split"):
-        loaded, handed_back_early = _hand_backs_while_read((tmp_path / f"{name}.cu").read_text())
+        loaded, handed_back_early = hand_backs_while_read((tmp_path / f"{name}.cu").read_text())
         assert loaded, f"{name}: no pipelined loads found in the source; the check below would pass vacuously"
         assert not handed_back_early, f"{name}: buffers handed back to the loads while a product reads them: {handed_back_early}"

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from helpers import run_python
+from helpers import hand_backs_while_read, run_python
 from tileops.core import DeviceFacts
 from tileops.kernels.cuda.attention import policy, varlen, varlen_programs
 from tileops.ops.attention import (
@@ -121,6 +121,8 @@ def test_the_backward_runs_delta_main_and_cast_with_zeroed_padded_workspaces(lau
 # -- the compile tier ---------------------------------------------------------------------------
 
 COMPILE = """
+import os
+from pathlib import Path
 import torch
 from tileops.kernels.cuda.attention import policy, varlen_programs as programs
 from tileops.ops.attention import VarlenAttentionCall
@@ -136,13 +138,14 @@ for name, build in [
     ("bwd_post", lambda: programs.compile_bwd_post(call, target, **policy.ROWS_KERNEL)),
 ]:
     source = build().get_kernel_source()
+    (Path(os.environ["KERNEL_SOURCES"]) / f"{name}.cu").write_text(source)
     print(name, "wgmma_" in source, "tma_load" in source, "AtomicAdd" in source)
 """
 
 
 @pytest.mark.compile
 def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_path):
-    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
+    result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path / "cache"), "KERNEL_SOURCES": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.split() and line.split()[0].startswith(("forward", "bwd"))]
     # name, wgmma, TMA loads, atomics
@@ -152,3 +155,7 @@ def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_pat
         ["bwd_pre", "False", "False", "False"],
         ["bwd_post", "False", "False", "False"],
     ], result.stdout[-3000:]
+    for name in ("forward", "bwd_main"):
+        loaded, handed_back_early = hand_backs_while_read((tmp_path / f"{name}.cu").read_text())
+        assert loaded, f"{name}: no pipelined loads found in the source; the check below would pass vacuously"
+        assert not handed_back_early, f"{name}: buffers handed back to the loads while a product reads them: {handed_back_early}"
