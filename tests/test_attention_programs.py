@@ -1,7 +1,8 @@
 """The attention kernels: the launch rules, selection (which calls the TileLang kernels serve on
 Hopper and which plain torch serves), the kernel classes on CPU tensors (compilation and the GPU
 replaced) and the compile tier: one build of each program kind lowered and compiled for sm_90
-(as sm_90a: wgmma and TMA) in a fresh interpreter."""
+(as sm_90a: wgmma and TMA) in a fresh interpreter, its source checked for pipeline buffers handed
+back to the loads while a product still reads them."""
 
 from __future__ import annotations
 
@@ -254,7 +255,7 @@ def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_pat
     result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path / "cache"), "KERNEL_SOURCES": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.split() and line.split()[0].startswith(("forward", "bwd"))]
-    # name, wgmma, TMA loads, atomics
+    # name, wgmma, TMA loads, atomic adds (per thread, or dQ's TMA reduce-add)
     assert lines == [
         ["forward", "True", "True", "False"],
         ["forward_three_warpgroups", "True", "True", "False"],

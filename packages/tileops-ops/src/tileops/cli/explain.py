@@ -131,7 +131,7 @@ def explain(args: argparse.Namespace) -> dict[str, Any]:
     except TileOpsError as error:
         raise UsageError(f"explain cannot describe the call: {error}") from None
     # Stated facts are what every rule reads, those a refusal reads from the device included.
-    with stating(facts) if args.arch is not None and facts is not None else contextlib.nullcontext():
+    with stating(facts) if args.arch is not None else contextlib.nullcontext():
         report["interfaces"] = [
             _interface_verdicts(op, interface, call_spec, lambda _call: facts)
             for interface, call_spec in call_specs.items()
