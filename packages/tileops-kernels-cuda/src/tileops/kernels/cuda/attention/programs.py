@@ -348,11 +348,13 @@ def make_bwd_main(
                 head = by if per_query_head else by * group + step // blocks
                 q0 = (first + step % blocks) * block_m
                 T.copy(_rows(Q, layout, bz, q0, block_m, head), q_tile)
-                T.clear(p)
-                gemm(k_tile, q_tile, p, transpose_B=True, policy=score_policy)
+                # The score products start from zero inside the product (clear_accum: the first
+                # k-step's accumulator scale is 0), not after a fill: nvcc sank dP^T's fill between
+                # the two issues, where ptxas then waited for P^T's product to finish (its C7517
+                # note in a verbose build), so the two ran one after the other. Same arithmetic.
+                gemm(k_tile, q_tile, p, transpose_B=True, policy=score_policy, clear_accum=True)
                 T.copy(_rows(DO, layout, bz, q0, block_m, head), do_tile)
-                T.clear(dp)
-                gemm(v_tile, do_tile, dp, transpose_B=True, policy=score_policy)
+                gemm(v_tile, do_tile, dp, transpose_B=True, policy=score_policy, clear_accum=True)
                 T.copy(LSE2[bz, head, q0 : q0 + block_m], lse2)
                 T.copy(DELTA[bz, head, q0 : q0 + block_m], delta)
                 if overlap:
