@@ -19,8 +19,10 @@ multiplied, and that the float32 accumulators fit the registers without spilling
   and block kb - 1's P V asynchronously and computes kb's softmax while P V runs (one step more
   than blocks, each with two waits) was slower on an H100, bf16, 32/8 heads, same outputs: D 64
   at 4 x 2048 causal 254.7 -> 292.6 us, D 128 at 2 x 4096 causal 594.2 -> 748.4 us and full
-  1021.4 -> 1257.7 us, D 256 causal 116.8 -> 151.0 us. The consumer warpgroups already overlap
-  one another's softmax and products.
+  1021.4 -> 1257.7 us, D 256 causal 116.8 -> 151.0 us. In that form (the first and last steps'
+  products issued conditionally, o rescaled between S's issue and its wait) ptxas serialised
+  the products and inserted a wait (its C7514 and C7517 notes in a verbose build); a form
+  without either compiles clean and has not been timed.
 - Shared memory: Q (block_m * D) plus ``stages`` buffers of K and V (2 * block_n * D each), in
   2-byte elements, within the 227 KiB a block may use (228 KiB per SM, 1 KiB reserved); stages
   is the deepest of 2 and 1 that fits (2 for every head size served).
