@@ -223,6 +223,7 @@ def test_the_hand_back_check_flags_a_buffer_handed_back_before_its_product_is_wa
 
 COMPILE = """
 import os
+import subprocess
 from pathlib import Path
 import torch
 from tileops.kernels.cuda.attention import policy, programs
@@ -247,6 +248,13 @@ for name, build in [
     source = build().get_kernel_source()
     (sources / f"{name}.cu").write_text(source)
     print(name, "wgmma_" in source, "tma_load" in source, "AtomicAdd" in source or "tma_store_add" in source)
+    if name == "bwd_main":  # the build whose products are issued asynchronously: what ptxas made of it
+        from tilelang.contrib.nvcc import default_compile_options, find_cuda_path
+        nvcc = os.path.join(find_cuda_path(), "bin", "nvcc")
+        options = ["--cubin", "-O3", "-arch=sm_90a", *default_compile_options(), "-Xptxas", "-v"]
+        command = [nvcc, *options, "-o", str(sources / f"{name}.cubin"), str(sources / f"{name}.cu")]
+        report = subprocess.run(command, capture_output=True, text=True)
+        (sources / f"{name}.ptxas").write_text(report.stdout + report.stderr)
 """
 
 
@@ -268,3 +276,8 @@ def test_one_build_per_program_kind_compiles_for_sm90_with_wgmma_and_tma(tmp_pat
         loaded, handed_back_early = hand_backs_while_read((tmp_path / f"{name}.cu").read_text())
         assert loaded, f"{name}: no pipelined loads found in the source; the check below would pass vacuously"
         assert not handed_back_early, f"{name}: buffers handed back to the loads while a product reads them: {handed_back_early}"
+    # ptxas notes where it runs asynchronously issued products one after another (C7514) or waits
+    # for one before the program does (C7517): the backward's schedule would then not overlap them.
+    report = (tmp_path / "bwd_main.ptxas").read_text()
+    assert "Used" in report and "registers" in report, report[-2000:]
+    assert "C7514" not in report and "C7517" not in report, report[-2000:]
