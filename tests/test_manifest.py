@@ -57,6 +57,10 @@ def test_every_shipped_manifest_entry_loads_and_matches_its_op_class():
         ({"roofline__bytes": "numel(x) * bogus"}, "roofline.bytes", "undefined name 'bogus'"),
         ({"roofline__flops": "__import__('os')"}, "roofline.flops", "calls something other than abs, is_floating_point, itemsize"),
         ({"signature__outputs__y__aliases": "x"}, "signature.outputs.y.aliases", "is not written"),
+        ({"signature__outputs__y__absent_without": "z"}, "signature.outputs.y.absent_without", "names no input (inputs: x, weight)"),
+        ({"signature__outputs__y__absent_without": "x"}, "signature.outputs.y.absent_without", "input 'x' is not optional"),
+        ({"signature__outputs__y__absent_without": "weight"}, "signature.outputs.y",
+         "declares both absent_without and out; a caller's buffer cannot be left unfilled"),
         ({"signature__inputs__x__contiguous": True}, "signature.inputs.x.contiguous", "only written inputs"),
         ({"signature__inputs__x__access": "shape", "signature__inputs__x__contiguous": True}, "signature.inputs.x.contiguous",
          "the layout of one whose shape alone is read (access: shape) does not matter"),
@@ -93,6 +97,15 @@ def test_a_bad_entry_is_refused_naming_file_op_and_field(changes, field, message
     if field:
         assert f"field {field}:" in text
     assert message in text
+
+
+def test_a_differentiable_ops_output_cannot_be_absent():
+    norm = copy.deepcopy(NORM)
+    y = norm["RMSNormFwdOp"]["signature"]["outputs"]["y"]
+    del y["out"]
+    y["absent_without"] = "weight"
+    with pytest.raises(ManifestError, match="backward: a differentiable op's outputs are always computed; y declare"):
+        parse_manifest(yaml.safe_dump(norm, sort_keys=False), "norm.yaml")
 
 
 def test_a_key_given_twice_is_refused():

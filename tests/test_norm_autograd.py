@@ -186,6 +186,27 @@ def test_an_output_buffer_with_grad_is_refused_by_name():
         assert RMSNormFwdOp(16)(x, out=out) is out
 
 
+def test_the_gradient_of_a_parameter_the_forward_lacked_is_none_eager_and_compiled():
+    dy, x, bias = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
+    rms, layer = RMSNormBwdOp(64), LayerNormBwdOp(64)
+    calls = [(rms, (dy, x)), (layer, (dy, x)), (layer, (dy, x, None, bias))]
+    for op, arguments in calls:
+        eager = op(*arguments)
+        compiled = torch.compile(lambda *given, op=op: op(*given), fullgraph=True)(*arguments)
+        for got in (eager, compiled):
+            torch.testing.assert_close(got[0], eager[0])
+            assert got[1] is None  # dweight: no weight
+            if op is layer:  # dbias: the row sum of dy where the forward had a bias, else None
+                assert got[2] is None if len(arguments) == 2 else torch.allclose(got[2], dy.sum(0), atol=1e-5)
+    # A compiled training step through a weightless norm differentiates x alone.
+    norm = RMSNormFwdOp(64)
+    xs = x.clone().requires_grad_()
+    torch.compile(lambda t: norm(t).square().sum(), fullgraph=True)(xs).backward()
+    expected = x.clone().requires_grad_()
+    torch.nn.functional.rms_norm(expected, (64,)).square().sum().backward()
+    torch.testing.assert_close(xs.grad, expected.grad, atol=1e-4, rtol=1e-4)
+
+
 def test_a_backward_op_computes_statistics_it_is_not_given():
     dy, x, weight = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
     op = LayerNormBwdOp(64)

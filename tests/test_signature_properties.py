@@ -345,7 +345,8 @@ def test_a_valid_call_returns_the_outputs_the_signature_declares(op_class, data)
     expected, _ = reference_outputs(entry, untouched, call.params)  # the inputs before an in-place op wrote them
     assert len(outputs) == len(entry.outputs) == len(expected)
     for decl, got, want in zip(entry.outputs, outputs, expected, strict=True):
-        if decl.aliases and call.inputs[decl.aliases] is None:  # it aliases an optional input left out
+        source = decl.aliases or decl.absent_without
+        if source and call.inputs[source] is None:  # it aliases, or is absent without, an optional input left out
             assert got is None and want is None, decl.name
             continue
         assert isinstance(got, torch.Tensor), decl.name
@@ -405,8 +406,8 @@ def test_a_non_contiguous_read_only_input_is_made_contiguous_or_read_as_a_row_vi
     want = outputs_of(op(*args, **kwargs), call.entry)
 
     for decl, strided_output, contiguous_output in zip(call.entry.outputs, got, want, strict=True):
-        if strided_output is None or contiguous_output is None:  # aliases an optional input left out
-            assert strided_output is contiguous_output is None and call.inputs[decl.aliases] is None, decl.name
+        if strided_output is None or contiguous_output is None:  # aliases, or is absent without, an optional input left out
+            assert strided_output is contiguous_output is None and call.inputs[decl.aliases or decl.absent_without] is None, decl.name
             continue
         assert strided_output.shape == contiguous_output.shape and strided_output.dtype == contiguous_output.dtype
         torch.testing.assert_close(strided_output, contiguous_output, atol=0, rtol=0, equal_nan=True, msg=decl.name)

@@ -279,9 +279,10 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     shapes, dtypes = [], []
     for i, decl in enumerate(entry.outputs):
         shape, dtype = w.output_shape(decl), w.output_dtype(decl)
-        if decl.aliases and entry.input(decl.aliases).optional:
+        source = decl.absent_without or (decl.aliases if decl.aliases and entry.input(decl.aliases).optional else None)
+        if source:
             # No layout where the call left the input out (its _s_ and _t_ names are unbound).
-            w.emit(f"_o{i}, _d{i} = ({shape}, {dtype}) if {decl.aliases} is not None else (None, None)", 1)
+            w.emit(f"_o{i}, _d{i} = ({shape}, {dtype}) if {source} is not None else (None, None)", 1)
             shape, dtype = f"_o{i}", f"_d{i}"
         elif not shape.isidentifier():  # computed once, then compared by name
             w.emit(f"_o{i} = {shape}", 1)
@@ -307,7 +308,11 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         w.emit(f"if _outs is not _NO_OUTS and _overlap(({inputs}), _outs): break", 1)
     # A call whose written tensors are all empty runs nothing: the reference bind handles it.
     # (Each shape once: outputs shaped like the same input share one test.)
-    written = list(dict.fromkeys(f"0 in {shape}" for decl, shape in zip(entry.outputs, shapes) if not decl.aliases))
+    written = list(dict.fromkeys(
+        f"({shape} is None or 0 in {shape})" if decl.absent_without else f"0 in {shape}"
+        for decl, shape in zip(entry.outputs, shapes)
+        if not decl.aliases
+    ))
     written += [f"{decl.name}.numel() == 0" for decl in entry.inputs if decl.written and not decl.optional]
     if written:
         w.emit(f"if {' and '.join(written)}: break", 1)
@@ -335,6 +340,8 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         if decl.aliases:  # the input itself (None where an optional input was left out)
             return f"{r} is {decl.aliases}"
         test = f"isinstance({r}, _Tensor) and {r}.shape == {shape} and {r}.dtype is {dtype} and {r}.device == _dev"
+        if decl.absent_without:  # None where the call left that input out
+            return f"({r} is None if {decl.absent_without} is None else {test})"
         return f"{test} and ({decl.out} is None or {r} is {decl.out})" if decl.out else test
 
     if len(entry.outputs) == 1:

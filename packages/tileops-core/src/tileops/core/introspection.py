@@ -73,6 +73,8 @@ def _tensor_text(decl: TensorDecl) -> str:
         extras.append(f"fills {decl.out}= when given")
     if decl.aliases is not None:
         extras.append(f"is {decl.aliases}")
+    if decl.absent_without is not None:
+        extras.append(f"None where {decl.absent_without} is not given")
     extra = f" ({', '.join(extras)})" if extras else ""
     return f"{decl.name}: {dtype}, {shape}{extra}. {decl.doc}".rstrip()
 

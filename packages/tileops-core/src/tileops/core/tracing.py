@@ -133,6 +133,7 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
         results = tuple(
             _placeholder(given[t.out]) if t.out in given
             else _alias_placeholder(inputs, aliased[i]) if i in aliased
+            else _nothing(_device_of(inputs)) if r is None  # absent: the traced call puts None back
             else (r.clone() if _is_input(r, inputs) else r)
             for i, (t, r) in enumerate(zip(entry.outputs, results))
         )
@@ -153,6 +154,7 @@ def _custom_op(op_class: type[Op], library_name: str, out_keywords: list[str], w
             outputs = tuple(
                 _placeholder(given[t.out]) if t.out in given
                 else _alias_placeholder(inputs, aliased[i]) if i in aliased
+                else _nothing(call.device) if shape is None  # absent
                 else torch.empty(shape, dtype=dtype, device=call.device)
                 for i, (t, shape, dtype) in enumerate(zip(entry.outputs, call.output_shapes, call.output_dtypes))
             )
@@ -266,7 +268,12 @@ def _alias_placeholder(inputs: tuple, index: int) -> torch.Tensor:
     returns the input itself, or None where the call left that optional input out."""
     if inputs[index] is not None:
         return _placeholder(inputs[index])
-    return _nothing(next(t.device for t in inputs if isinstance(t, torch.Tensor)))
+    return _nothing(_device_of(inputs))
+
+
+def _device_of(inputs: tuple) -> torch.device:
+    """The device of a call's first tensor input."""
+    return next(t.device for t in inputs if isinstance(t, torch.Tensor))
 
 
 def _nothing(device: torch.device) -> torch.Tensor:

@@ -57,6 +57,8 @@ class TensorDecl:
     row_views: bool = False
     access: str = "read"
     aliases: str | None = None  # outputs: the written input this output returns
+    #: outputs: an optional input without which the output is None (a gradient of that input)
+    absent_without: str | None = None
     out: str | None = None  # outputs: keyword of a caller buffer to fill
     doc: str = ""
     #: inputs: the expression that computes this input from the others where a workload needs

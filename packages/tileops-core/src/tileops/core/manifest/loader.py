@@ -140,7 +140,9 @@ def _tensor(
     dtype_params: set[str] = frozenset(),
 ) -> TensorDecl:
     common = {"dtype", "shape", "doc"}
-    allowed = common | ({"aliases", "out"} if output else {"optional", "device", "contiguous", "row_views", "access", "derive"})
+    output_keys = {"aliases", "out", "absent_without"}
+    input_keys = {"optional", "device", "contiguous", "row_views", "access", "derive"}
+    allowed = common | (output_keys if output else input_keys)
     aliased = output and isinstance(value, dict) and "aliases" in value
     spec = _mapping(value, where, allowed, set() if aliased else {"dtype", "shape"})
     fields: dict[str, Any] = {"name": name, "doc": _str(spec.get("doc", ""), where.at("doc"))}
@@ -154,6 +156,8 @@ def _tensor(
             )
         if "out" in spec:
             raise where.error("declares both aliases and out; an output either returns a written input or fills a caller buffer")
+        if "absent_without" in spec:
+            raise where.at("absent_without").error("an aliasing output is already None where the call leaves its input out")
         for field in ("dtype", "shape"):
             if field in spec:
                 raise where.at(field).error(f"contradicts aliases: the output is input {target!r}, with its {field}")
@@ -178,6 +182,16 @@ def _tensor(
             fields["out"] = _str(spec["out"], where.at("out"))
             if not fields["out"].isidentifier():
                 raise where.at("out").error(f"{shown(fields['out'])} is not a valid keyword name")
+        if "absent_without" in spec:
+            absent_where = where.at("absent_without")
+            source = _str(spec["absent_without"], absent_where)
+            if source not in inputs:
+                raise absent_where.error(f"names no input (inputs: {', '.join(inputs)})")
+            if not inputs[source].optional:
+                raise absent_where.error(f"input {source!r} is not optional: a call always gives it, so the output is never absent")
+            if "out" in spec:
+                raise where.error("declares both absent_without and out; a caller's buffer cannot be left unfilled")
+            fields["absent_without"] = source
     else:
         fields["optional"] = _bool(spec.get("optional", False), where.at("optional"))
         fields["contiguous"] = _bool(spec.get("contiguous", False), where.at("contiguous"))
@@ -433,6 +447,11 @@ def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outpu
     the backward op's entry is checked once the whole file is read (``_check_backward``)."""
     spec = _mapping(value, where, {"op", "saves", "grads", "saved_for", "in_place"}, {"op", "grads"})
     op = _str(spec["op"], where.at("op"))
+    absent = [name for name, t in outputs.items() if t.absent_without]
+    if absent:
+        # An absent output is a gradient a backward op leaves out; a differentiable op's outputs
+        # take gradients of their own.
+        raise where.error(f"a differentiable op's outputs are always computed; {', '.join(absent)} declare(s) absent_without")
     in_place = None if spec.get("in_place") is None else _str(spec["in_place"], where.at("in_place"))
     saves = spec.get("saves") or []
     if not isinstance(saves, list) or not all(isinstance(name, str) and name.isidentifier() for name in saves):

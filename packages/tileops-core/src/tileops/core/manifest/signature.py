@@ -107,6 +107,11 @@ class Signature:
         #: target still receives them contiguous.
         self.uncopied_inputs = tuple(i for i, t in enumerate(entry.inputs) if t.described_only or t.row_views)
         self._aliased = tuple(self._input_index[t.aliases] if t.aliases else None for t in entry.outputs)
+        #: Per output: the optional input without which it is None (its alias, or ``absent_without``).
+        self._exists_with = tuple(
+            self._input_index[t.aliases or t.absent_without] if t.aliases or t.absent_without else None
+            for t in entry.outputs
+        )
         self._single_output = len(entry.outputs) == 1
         self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
             t.name for t in entry.outputs if not t.aliases
@@ -249,7 +254,7 @@ class Signature:
     def writes_nothing(self, call: BoundCall) -> bool:
         """True when every tensor the call writes is empty (so no implementation must run)."""
         for shape, alias in zip(call.output_shapes, self._aliased):
-            if alias is None and 0 not in shape:
+            if alias is None and shape is not None and 0 not in shape:
                 return False
         for i in self._written_inputs:
             tensor = call.inputs[i]
@@ -257,12 +262,19 @@ class Signature:
                 return False
         return True
 
+    def absent_outputs(self, inputs: Sequence[Any]) -> tuple[bool, ...]:
+        """Per output: whether a call with ``inputs`` has it as None (it aliases, or is declared
+        ``absent_without``, an optional input the call leaves out)."""
+        return tuple(source is not None and inputs[source] is None for source in self._exists_with)
+
     def with_written_inputs(self, results: list, inputs: Sequence[Any]) -> list:
         """``results`` (one per output) with each output that aliases a written input replaced by
-        that input: a custom op returns placeholders for them, since its results may alias none
-        of its arguments."""
-        for index, alias in enumerate(self._aliased):
-            if alias is not None:
+        that input, and each absent output by None: a custom op returns placeholders for them,
+        since its results are tensors that alias none of its arguments."""
+        for index, (alias, absent) in enumerate(zip(self._aliased, self.absent_outputs(inputs))):
+            if absent:
+                results[index] = None
+            elif alias is not None:
                 results[index] = inputs[alias]
         return results
 
@@ -270,7 +282,9 @@ class Signature:
         """The outputs of a call that writes nothing, built from the signature."""
         results = []
         for i, decl in enumerate(self.entry.outputs):
-            if decl.aliases:
+            if call.output_shapes[i] is None:  # absent
+                results.append(None)
+            elif decl.aliases:
                 results.append(call.inputs[self._aliased[i]])
             elif decl.out and decl.out in call.outs:
                 results.append(call.outs[decl.out])
@@ -294,8 +308,7 @@ class Signature:
         raise OpArgumentError(self._result_problem(result, call, producer))
 
     def _fits(self, index: int, item: Any, call: BoundCall) -> bool:
-        alias = self._aliased[index]
-        if alias is not None and call.inputs[alias] is None:
+        if call.output_shapes[index] is None:  # absent
             return item is None
         if not (
             isinstance(item, torch.Tensor)
@@ -321,9 +334,10 @@ class Signature:
             if self._fits(index, item, call):
                 continue
             if call.output_shapes[index] is None:
+                how = "aliases" if decl.aliases else "is absent without"
                 return (
-                    f"{self.op}: {producer} returned output {decl.name!r} as {type(item).__name__}; it aliases input "
-                    f"{decl.aliases!r}, which the call left out, and must be None"
+                    f"{self.op}: {producer} returned output {decl.name!r} as {type(item).__name__}; it {how} input "
+                    f"{decl.aliases or decl.absent_without!r}, which the call left out, and must be None"
                 )
             shape, dtype = tuple(call.output_shapes[index]), call.output_dtypes[index]
             if not isinstance(item, torch.Tensor):
@@ -410,9 +424,10 @@ class Signature:
 
     def _output_layout(self, values: list, dims: dict, params: Mapping[str, Any]):
         shapes, dtypes = [], []
-        for decl in self.entry.outputs:
-            if decl.aliases is not None and values[self._input_index[decl.aliases]] is None:
-                # An output that aliases an optional input the call left out is None: no layout.
+        for decl, source in zip(self.entry.outputs, self._exists_with):
+            if source is not None and values[source] is None:
+                # An output that aliases (or is absent without) an optional input the call left
+                # out is None: no layout.
                 shapes.append(None)
                 dtypes.append(None)
                 continue

@@ -74,7 +74,8 @@ class _TorchNorm(Kernel):
     # -- backward --------------------------------------------------------------------------
     def _gradients(self, dy, x, weight, mean, rstd, dresidual=None):
         """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias; mean None for RMSNorm,
-        whose dbias is None."""
+        whose dbias is None; dweight None where there is no weight (the sum is not taken). dbias
+        is always summed (the instance serves calls with and without a bias; the op drops it)."""
         dy_w, x_w, weight_w, rstd = widened(dy), widened(x), widened(weight), rstd.unsqueeze(-1)
         if mean is None:
             dx, dweight, dbias = *self._rms_gradients(dy_w, x_w, weight_w, rstd), None
@@ -85,23 +86,25 @@ class _TorchNorm(Kernel):
             ones, zeros = self._unit_parameters(x_w)
             dx, dweight, dbias = torch.ops.aten.native_layer_norm_backward(
                 dy_w, x_w, self.shape, mean.unsqueeze(-1), rstd, ones if weight is None else weight_w, zeros,
-                [True, True, True],
+                [True, weight is not None, True],
             )
         if dresidual is not None:
             dx = dx.add_(dresidual)  # dx is the kernel's own, in the compute dtype
         dtype = dy.dtype
-        return as_dtype(dx, dtype), as_dtype(dweight, dtype), None if dbias is None else as_dtype(dbias, dtype)
+        return (as_dtype(dx, dtype), None if weight is None else as_dtype(dweight, dtype),
+                None if dbias is None else as_dtype(dbias, dtype))
 
     def _rms_gradients(self, dy, x, weight, rstd):
         """(dx, dweight) of y = x * rstd * weight, in as few passes as torch allows (torch has no
-        CPU kernel for it): dx = rstd * (g - xhat * mean(g * xhat)), g = dy * weight."""
+        CPU kernel for it): dx = rstd * (g - xhat * mean(g * xhat)), g = dy * weight; dweight
+        None without a weight."""
         xhat = x * rstd
         g = dy if weight is None else dy * weight
         projection = torch.linalg.vecdot(g, xhat).unsqueeze(-1).div_(self.n)
         # Products over temporaries of this function's own where there is one (g, unless it
         # is the caller's dy; then xhat, once dx has read it): no fresh tensor a step.
         dx = (torch.addcmul(g, xhat, projection, value=-1) if g is dy else g.addcmul_(xhat, projection, value=-1)).mul_(rstd)
-        return dx, xhat.mul_(dy).reshape(-1, self.n).sum(0)
+        return dx, None if weight is None else xhat.mul_(dy).reshape(-1, self.n).sum(0)
 
     def _unit_parameters(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A weight of ones and a bias of zeros, (n,) in ``like``'s dtype and on its device, made

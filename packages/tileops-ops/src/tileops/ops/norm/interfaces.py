@@ -167,9 +167,9 @@ class FusedAddLayerNormFwdInterface(_NormFwdInterface):
 # -- backward --------------------------------------------------------------------------------
 # Every backward takes its forward's saved statistics (given: the op computes any the forward
 # did not save before calling), accumulates in float32 and returns new tensors of dy's dtype:
-# the (m, n) gradient and the (n,) parameter gradients, summed over every row. A parameter
-# gradient is returned even where the forward had no such parameter (that of a unit weight,
-# or of a zero bias): the op drops it.
+# the (m, n) gradient and the (n,) parameter gradients, summed over every row. Where the call
+# has no such parameter (the call spec's has_weight, has_bias) its gradient may be None, which
+# spares summing it; one returned anyway is dropped by the op, whose result is None there.
 
 
 class RMSNormBwdInterface(KernelInterface):

@@ -134,8 +134,11 @@ class _NormOp(Op):
         """A per-row statistic as a kernel takes it: like ``rows`` without its last dimension."""
         return statistic if rows is x else statistic.view(-1)
 
-    def _parameter(self, gradient: torch.Tensor) -> torch.Tensor:
-        """A kernel's (n,) parameter gradient in the shape of normalized_shape."""
+    def _parameter(self, gradient: torch.Tensor | None, parameter: torch.Tensor | None) -> torch.Tensor | None:
+        """A kernel's (n,) gradient of ``parameter`` in the shape of normalized_shape; None where
+        the call has no such parameter (whatever the kernel returned for it)."""
+        if parameter is None:
+            return None
         return gradient if self._one_dim else gradient.view(self.params["normalized_shape"])
 
     @staticmethod
@@ -331,7 +334,7 @@ class RMSNormBwdOp(_NormOp):
             rstd = derive_input(self, "rstd", {"dy": dy, "x": x})
         kernel, rows, x_rows = self._backward_rows(RMSNormBwdInterface, False, dy, x, weight)
         dx, dweight = kernel.forward(rows, x_rows, self._vector(weight), self._row_statistic(rstd, rows, dy))
-        return self._deliver(dx, dy, rows, None), self._parameter(dweight)
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight)
 
 
 class LayerNormBwdOp(_NormOp):
@@ -353,7 +356,7 @@ class LayerNormBwdOp(_NormOp):
             rows, x_rows, self._vector(weight),
             self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dx, dy, rows, None), self._parameter(dweight), self._parameter(dbias)
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight), self._parameter(dbias, bias)
 
 
 class FusedAddRMSNormBwdOp(_NormOp):
@@ -377,7 +380,7 @@ class FusedAddRMSNormBwdOp(_NormOp):
             rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
             self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dsum, dy, rows, None), self._parameter(dweight)
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight)
 
 
 class FusedAddLayerNormBwdOp(_NormOp):
@@ -401,4 +404,4 @@ class FusedAddLayerNormBwdOp(_NormOp):
             rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
             self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dsum, dy, rows, None), self._parameter(dweight), self._parameter(dbias)
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight), self._parameter(dbias, bias)
