@@ -374,3 +374,27 @@ def test_row_views_follow_a_chain_of_same_as_shapes_to_the_pattern_that_names_th
     parsed = parse_manifest(yaml.safe_dump({"FusedAddRMSNormFwdOp": entry}, sort_keys=False), "norm.yaml")["FusedAddRMSNormFwdOp"]
     extra = parsed.input("extra")
     assert extra.row_views and extra.pattern(parsed.input) is parsed.input("x").shape
+
+
+def test_every_shipped_roofline_counts_the_bytes_of_every_workload():
+    # tileops bench reports bandwidth from the roofline: it must hold for every call a workload
+    # makes, outputs that are None there (absent, or aliasing an input left out) included. The
+    # tensors are meta ones: the expressions read shapes and dtypes alone.
+    from tileops.core.manifest.expressions import evaluate
+
+    for ops in FAMILIES.values():
+        for op_class in ops:
+            entry = op_class.manifest_entry()
+            for workload in entry.workloads:
+                dtype = workload.dtypes[0]
+                inputs = {
+                    decl.name: torch.empty(workload.shapes[decl.name], dtype=decl.dtype_in(dtype), device="cpu" if decl.cpu else "meta")
+                    for decl in entry.inputs if decl.name in workload.shapes
+                }
+                params = {**{p.name: p.default for p in entry.params if not p.required}, **workload.params}
+                call = op_class(**workload.params).signature().bind(params, (), inputs, check_overlap=False)
+                outputs = [None if shape is None else torch.empty(shape, dtype=out_dtype, device="meta")
+                           for shape, out_dtype in zip(call.output_shapes, call.output_dtypes)]
+                namespace = {decl.name: inputs.get(decl.name) for decl in entry.inputs}
+                namespace.update({decl.name: out for decl, out in zip(entry.outputs, outputs)}, **params)
+                assert evaluate(entry.roofline["bytes"], namespace) > 0, (entry.name, workload.name)
