@@ -273,3 +273,20 @@ def test_a_compiled_step_through_a_row_view_gives_the_eager_gradients():
     for got, want in zip(grads[1], grads[0]):
         torch.testing.assert_close(got, want)
     assert grads[1][0][:, n:2 * n].any() and not grads[1][0][:, :n].any()
+
+
+def test_the_kit_and_the_demo_take_an_absent_parameter_gradient_for_none():
+    # The conformance kit's empty-call check and the demo's reference comparison meet the
+    # backward ops' absent outputs (no weight, no bias) as None on both sides.
+    from tileops.cli.demo import reference_error
+    from tileops.ops import RMSNormBwdOp
+    from tileops.testing import check_empty_write
+
+    entry = RMSNormBwdOp.manifest_entry()
+    no_affine = next(w for w in entry.workloads if "weight" not in w.shapes)
+    check_empty_write(RMSNormBwdOp(**no_affine.params), no_affine, torch.bfloat16, "cpu")
+    dx = torch.ones(2, 4)
+    assert reference_error(entry, torch.float32, {"dx": dx, "dweight": None}, {"dx": dx, "dweight": None})["within_tolerance"]
+    assert not reference_error(entry, torch.float32, {"dx": dx, "dweight": None}, {"dx": dx, "dweight": torch.ones(4)})[
+        "within_tolerance"
+    ]
