@@ -41,10 +41,11 @@ def _table(kind):
     return BACKWARD_KERNELS[INTERFACES[kind]]
 
 
-def _call(kind, n, dtype, has_weight, aligned=True):
+def _call(kind, n, dtype, has_weight, aligned=True, has_bias=None):
     spec = INTERFACES[kind].call_spec
+    has_bias = kind.endswith("layer_norm") if has_bias is None else has_bias
     return spec(device=torch.device("cuda", 0), n=n, dtype=dtype, eps=EPS, has_weight=has_weight,
-                has_bias=kind.endswith("layer_norm"), aligned=aligned)
+                has_bias=has_bias, aligned=aligned)
 
 
 def _selected(kind, call):
@@ -110,6 +111,10 @@ def _check(kind, kernel, dy, x, w, dres):
     # 1 / sqrt(eps) = 316 on one-element layer-norm rows (variance 0, dx 0 exactly).
     dx_atol = atol * max(1.0, float(stats[-1].max()))
     torch.testing.assert_close(result[0].double(), dx_ref, atol=dx_atol, rtol=rtol)
+    if not (kernel.params.call.has_weight or kernel.params.call.has_bias):
+        # Nothing to differentiate but x: the kernel sums no parameter gradient.
+        assert all(grad is None for grad in result[1:]), [type(grad).__name__ for grad in result[1:]]
+        return
     sums_atol = atol * max(1.0, math.sqrt(m))  # sums over m rows
     torch.testing.assert_close(result[1].double(), dw_ref, atol=sums_atol, rtol=rtol)
     if kind.endswith("layer_norm"):
@@ -137,6 +142,16 @@ def test_gradients_match_float64_autograd(kind, dtype, n, has_weight):
     for m in ROWS:
         m = min(m, max(1, (1 << 24) // n))
         _check(kind, kernel, *_inputs(kind, (m, n), dtype, has_weight))
+
+
+@pytest.mark.parametrize("kind", list(INTERFACES))
+@pytest.mark.parametrize("n", [7, 5120, 65536])
+def test_a_call_without_weight_or_bias_writes_dx_alone(kind, n):
+    # One launch of the row kernel built without column sums: a row a slot, any row count.
+    call = _call(kind, n, torch.bfloat16, False, has_bias=False)
+    kernel = _kernel(_selected(kind, call)[1], call)
+    for m in ROWS:
+        _check(kind, kernel, *_inputs(kind, (min(m, (1 << 24) // n), n), torch.bfloat16, False))
 
 
 @pytest.mark.parametrize("kind", list(INTERFACES))

@@ -187,14 +187,19 @@ SCRIPT = """
 import json, sys, torch
 from tileops.kernels.cuda.norm import backward_policy as policy
 from tileops.kernels.cuda.norm import backward_programs as programs
-kind, variant, n, dtype, *direct = json.loads({case!r})
+kind, variant, n, dtype, *mode = json.loads({case!r})
 dtype = getattr(torch, dtype)
 assert policy.refusal(kind, variant, n, dtype, True) is None
 target = {{"kind": "cuda", "arch": "sm_90"}}
 config = policy.launch_config(kind, variant, n, dtype)
-rows = programs.compile_row_kernel(kind, n, dtype, True, target, **config, direct=bool(direct)).get_kernel_source()
-reduce = programs.compile_reduce_kernel(n, dtype, policy.parts_of(kind), target).get_kernel_source()
-assert "__global__" in rows and "__global__" in reduce
+if mode == ["no_sums"]:  # no weight, no bias: dx alone, no partials
+    rows = programs.compile_row_kernel(kind, n, dtype, False, target, **config, column_sums=False).get_kernel_source()
+    assert "__global__" in rows and "partial" not in rows, "a call with no parameter writes no partial sums"
+else:
+    rows = programs.compile_row_kernel(kind, n, dtype, True, target, **config, direct=mode == ["direct"]).get_kernel_source()
+    reduce = programs.compile_reduce_kernel(n, dtype, policy.parts_of(kind), target).get_kernel_source()
+    assert "__global__" in rows and "__global__" in reduce
+    assert ("partial" in rows) != (mode == ["direct"]), "partials where the sums go to the reduce kernel, only there"
 assert "atomic" not in rows.lower(), "the column sums are per-slot partials, not atomics"
 print("compiled", kind, variant, n, config["acc"])
 """
@@ -203,8 +208,8 @@ print("compiled", kind, variant, n, config["acc"])
 # registers and in shared memory (both loading the next row ahead, the fused one its
 # dresidual_sum early too), the fused rule's several rows a block of three vectors a thread with
 # the next rows ahead, the 16-byte streamed mode with its sums in global and in shared memory,
-# and the element-wise one (sums in shared memory); and the direct build of one-row calls
-# (dweight and dbias written by the row kernel).
+# and the element-wise one (sums in shared memory); the direct build of one-row calls (dweight and
+# dbias written by the row kernel); and a build without column sums (a call with no weight or bias).
 CASES = [
     ("rms_norm", "register", 4096, "bfloat16"),
     ("add_layer_norm", "register", 7168, "bfloat16"),
@@ -213,6 +218,7 @@ CASES = [
     ("layer_norm", "streamed", 16384, "bfloat16"),
     ("layer_norm", "scalar", 1001, "float32"),
     ("layer_norm", "register", 4096, "bfloat16", "direct"),
+    ("add_rms_norm", "register", 5120, "bfloat16", "no_sums"),
 ]
 
 
@@ -222,3 +228,66 @@ def test_one_build_per_kind_compiles_for_sm90(case, tmp_path):
     result = run_python(SCRIPT.format(case=json.dumps(case)), env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.splitlines()[-1].startswith(f"compiled {case[0]} {case[1]} {case[2]}"), result.stdout[-2000:]
+
+
+# -- the kernel classes on CPU tensors ----------------------------------------------------------
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Backward kernels built for cuda:0 with their programs, device facts and the C++ launcher
+    replaced, so that the production forward runs on CPU tensors; the list of (program, tensors)
+    launched, a program being ("rows", has_weight, config) or ("reduce",)."""
+    from tileops.core import DeviceFacts
+    from tileops.kernels.cuda import fast_launch
+    from tileops.kernels.cuda import kernel as kernel_module
+    from tileops.kernels.cuda.norm import backward as backward_module
+
+    launched = []
+    monkeypatch.setattr(kernel_module, "compile_target", lambda device: {"kind": "cuda", "arch": "sm_90"})
+    monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
+    monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
+    monkeypatch.setattr(fast_launch, "launcher", lambda *args, **kwargs: None)
+    monkeypatch.setattr(backward_module, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))
+    monkeypatch.setattr(backward_module, "shared_memory_per_block", lambda device: 227 * 1024)
+    monkeypatch.setattr(programs, "compile_row_kernel", lambda kind, n, dtype, has_weight, target, **config: ("rows", has_weight, config))
+    monkeypatch.setattr(programs, "compile_reduce_kernel", lambda *args: ("reduce",))
+    monkeypatch.setattr(backward_module, "entry_function", lambda program: lambda *tensors: launched.append((program, tensors)))
+    return launched
+
+
+def _backward_kernel(op, interface, key, has_weight, has_bias):
+    spec = op.call_spec(interface, torch.device("cuda", 0), torch.bfloat16, has_weight, has_bias, True)
+    return BACKWARD_KERNELS[interface][key](spec)
+
+
+def test_a_call_without_weight_or_bias_runs_the_row_kernel_alone_and_sums_no_parameter_gradient(launches):
+    from tileops.ops.norm import LayerNormBwdInterface, LayerNormBwdOp, RMSNormBwdInterface, RMSNormBwdOp
+
+    dy, x, rstd = torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(8)
+    kernel = _backward_kernel(RMSNormBwdOp([4096]), RMSNormBwdInterface, "rms_norm_bwd", False, False)
+    dx, dweight = kernel.forward(dy, x, None, rstd)
+    ((program, tensors),) = launches  # one launch, no reduce kernel
+    assert program[:2] == ("rows", False) and program[2]["column_sums"] is False
+    # dy, x and rstd as rows (views of the caller's), then dx: nothing else
+    assert [t.data_ptr() for t in tensors] == [dy.data_ptr(), x.data_ptr(), rstd.data_ptr(), dx.data_ptr()]
+    assert dweight is None
+    assert dx.shape == dy.shape and dx.dtype == torch.bfloat16
+
+    # With a weight: the row kernel writes partials, the reduce kernel sums them into dweight.
+    launches.clear()
+    weight = torch.ones(4096, dtype=torch.bfloat16)
+    dx, dweight = _backward_kernel(RMSNormBwdOp([4096]), RMSNormBwdInterface, "rms_norm_bwd", True, False).forward(
+        dy, x, weight, rstd
+    )
+    (rows, row_tensors), (reduce, reduce_tensors) = launches
+    assert rows[:2] == ("rows", True) and "column_sums" not in rows[2] and reduce == ("reduce",)
+    assert row_tensors[-1] is reduce_tensors[0] and reduce_tensors[1] is dweight and dweight.shape == (4096,)
+
+    # A LayerNorm with a bias and no weight still sums: dbias is wanted (the op drops dweight).
+    launches.clear()
+    mean = torch.zeros(8)
+    dx, dweight, dbias = _backward_kernel(LayerNormBwdOp([4096]), LayerNormBwdInterface, "layer_norm_bwd", False, True).forward(
+        dy, x, None, mean, rstd
+    )
+    assert [program[0] for program, _ in launches] == ["rows", "reduce"] and dbias.shape == (4096,)

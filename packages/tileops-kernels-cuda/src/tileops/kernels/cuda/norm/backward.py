@@ -9,7 +9,8 @@ kernel writes dx and per-slot float32 partial sums of dweight (and dbias), the r
 those and casts them. The partials are a declared output of the kernel, dropped from what
 ``forward`` returns. A call of one row runs the row kernel's ``direct`` build alone, which
 writes dweight (and dbias) itself: a second launch would cost as much as the row (built at the
-first such call).
+first such call). A call with neither weight nor bias runs the row kernel alone, built without
+column sums: it returns None for them, as the op does.
 
 The kernels take dy, x (or the residual sum) and dresidual_sum in the caller's shape, (..., n),
 and the statistics in x's leading shape: ``forward`` views them as rows. x may be a row view
@@ -82,11 +83,16 @@ class _TileLangNormBwd(TileLangKernel):
     def __init__(self, call: NormCall) -> None:
         per_block = shared_memory_per_block(call.device)
         config = policy.launch_config(self.kind, self.variant, call.n, call.dtype, shared_per_block=per_block)
+        #: Whether the call has a parameter to differentiate: without, the row kernel writes dx
+        #: alone (no partials, no reduce kernel) and the op's parameter gradients are None.
+        self.column_sums = call.has_weight or call.has_bias
+        if not self.column_sums:
+            self.outputs = (_DX,)
         super().__init__(call.device, _Params(call, self.kind, config, sm_count(facts_for(call.device))))
 
     def identity(self) -> tuple:
         call = self.params.call
-        return (self.variant, call.n, call.dtype, call.has_weight, call.row_strides)
+        return (self.variant, call.n, call.dtype, call.has_weight, call.has_bias, call.row_strides)
 
     def default_config(self) -> dict[str, Any]:
         return dict(self.params.config)
@@ -101,6 +107,8 @@ class _TileLangNormBwd(TileLangKernel):
     def compile(self, config: dict[str, Any], rank: int, direct: bool = False) -> Any:
         call = self.params.call
         options = {**config, "direct": True} if direct else dict(config)
+        if not self.column_sums:
+            options["column_sums"] = False
         if call.row_strides is not None:
             (options["x_pitch"],) = call.row_strides
         return programs.compile_row_kernel(self.kind, call.n, call.dtype, call.has_weight, self.tilelang_target,
@@ -111,6 +119,8 @@ class _TileLangNormBwd(TileLangKernel):
             raise ValueError(f"{type(self).__name__} launches on rows (rank 2), not rank {rank}")
         call = self.params.call
         rows = entry_function(self.compile(config, rank))
+        if not self.column_sums:
+            return rows  # (inputs..., dx): one kernel
         reduce = entry_function(
             programs.compile_reduce_kernel(call.n, call.dtype, policy.parts_of(self.kind), self.tilelang_target)
         )
@@ -143,6 +153,9 @@ class _TileLangNormBwd(TileLangKernel):
             else value.reshape(-1, n)
             for name, value in zip(self.argument_names, args)
         )
+        if not self.column_sums:
+            sums = len(type(self).outputs) - 2  # the class's: dweight (and dbias), then the partials
+            return (super().forward(*rows).view(shape), *[None] * sums)
         dx, *sums, _partials = super().forward(*rows)
         return (dx.view(shape), *sums)
 
@@ -152,7 +165,7 @@ class _TileLangNormBwd(TileLangKernel):
 
     @classmethod
     def entry_for(cls, call: NormCall):
-        identity = (call.device, call.n, call.dtype, call.has_weight, call.row_strides)
+        identity = (call.device, call.n, call.dtype, call.has_weight, call.has_bias, call.row_strides)
         return identity, lambda: cls(call)
 
 

@@ -13,14 +13,15 @@ set of columns, walk the rows slot, slot + S, ... and sum dy * xhat (and dy) for
 in float32; each slot writes its own row of the float32 partials (parts, S, n) - no atomics.
 The reduce kernel sums the partials over the slots and casts dweight (and dbias) to the dtype.
 A call of one row runs one kernel: the row kernel built ``direct`` writes slot 0's sums,
-the only ones with a row, as dweight (and dbias).
+the only ones with a row, as dweight (and dbias). A call with no weight and no bias has no
+parameter gradient to sum: its row kernel writes dx alone (``column_sums=False``), one kernel.
 
 The modes of the row kernel and the rules that pick a configuration are ``backward_policy``'s;
 ``make_program`` builds the one a configuration names.
 
 Kernel call convention (positional, caller-allocated outputs, rank-2 rows, no out_idx)::
 
-    row kernel     (dy, [dresidual_sum], x, [weight], [mean], rstd, dx, partials)
+    row kernel     (dy, [dresidual_sum], x, [weight], [mean], rstd, dx, [partials])
     direct         (dy, [dresidual_sum], x, [weight], [mean], rstd, dx, dweight, [dbias])
     reduce kernel  (partials, dweight, [dbias])
 
@@ -41,16 +42,19 @@ _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float3
 
 
 def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unroll, prefetch=False, direct=False,
-                 x_pitch=None):
+                 x_pitch=None, column_sums=True):
     """The row kernel's PrimFunc for one configuration (see ``backward_policy.launch_config``);
     ``direct``: for calls of one row, one block whose slot 0 writes dweight (and dbias)
     in the dtype instead of a row of partials (the sums must be on chip: ``acc`` not "global");
+    ``column_sums``: False for a call with no parameter to differentiate (no weight, no bias),
+    whose kernel writes dx alone: no partials, and no reduce kernel after it;
     ``x_pitch``: read x (the single norms' forward input) as a row view whose rows are that many
     elements apart, a compile-time pitch that keeps each row start a whole number of vectors."""
     if (n % vec or tpr & (tpr - 1) or tpr * rows > MAX_THREADS or (prefetch and mode != "register")
-            or (acc == "register" and mode != "register") or (direct and acc == "global")):
+            or (acc == "register" and mode != "register") or (direct and acc == "global")
+            or (direct and not column_sums)):
         raise ValueError(f"bad launch configuration vec={vec} tpr={tpr} rows={rows} mode={mode} acc={acc} "
-                         f"prefetch={prefetch} direct={direct} for N={n}")
+                         f"prefetch={prefetch} direct={direct} column_sums={column_sums} for N={n}")
     if x_pitch is not None and (kind.startswith("add_") or x_pitch < n or x_pitch % vec):
         raise ValueError(
             f"x_pitch={x_pitch} for {kind} N={n} vec={vec}: the single norms' x only, at least N and a whole "
@@ -58,6 +62,8 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
         )
     import tilelang.language as T
 
+    # Without column sums a slot has one row (below): there is no next row to load ahead.
+    prefetch = prefetch and column_sums
     fused, layer, parts = kind.startswith("add_"), kind.endswith("layer_norm"), parts_of(kind)
     dt, f32 = _TL_DTYPES[dtype], "float32"
     threads, nv = tpr * rows, n // vec
@@ -70,7 +76,9 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
     wide = min(vec, 4)  # float32 partials move in 16-byte pieces
     part_list = list(range(parts))  # a Python list: unrolled as the program is built
     m = T.dynamic("m")
-    s = rows if direct else T.dynamic("s")  # direct: the one block's slots
+    # Slots: direct, the one block's; with partials, their count (the partials' rows); without
+    # column sums, one a row (nothing to sum across rows, so no block needs to stay for more).
+    s = rows if direct else T.dynamic("s") if column_sums else m
     absent = 0  # a non-buffer annotation: the parameter is left out of the kernel's signature
     dy_t, dx_t = T.Tensor((m, n), dt), T.Tensor((m, n), dt)
     x_t = T.Tensor((m, n), dt) if x_pitch is None else T.StridedTensor((m, n), (x_pitch, 1), dt)
@@ -78,7 +86,7 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
     w_t = T.Tensor((n,), dt) if has_weight else absent
     mean_t = T.Tensor((m,), f32) if layer else absent
     rstd_t = T.Tensor((m,), f32)
-    p_t = absent if direct else T.Tensor((parts, s, n), f32)
+    p_t = T.Tensor((parts, s, n), f32) if column_sums and not direct else absent
     dw_t = T.Tensor((n,), dt) if direct else absent
     db_t = T.Tensor((n,), dt) if direct and layer else absent
 
@@ -138,9 +146,9 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
             early_dr = fused and prefetch  # the row's dresidual_sum, loaded before its reduction
             if early_dr:
                 rb = T.alloc_local((step * vec,), dt)
-            if acc == "shared":
+            if column_sums and acc == "shared":
                 sums = T.alloc_shared((parts * held * threads * vec,), f32)
-            elif acc == "register":
+            elif column_sums and acc == "register":
                 sums = T.alloc_local((parts * step * vec,), f32)
             red = T.alloc_shared((parts * rows * warps,), f32)
             tot = T.alloc_local((2,), f32)
@@ -148,12 +156,12 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
             rs = T.alloc_local((1,), f32)
 
 
-            if acc != "global":
+            if column_sums and acc != "global":
                 for p in part_list:
                     for u in T.unroll(held):
                         for v in T.unroll(vec):
                             sums[at(p, u, v, tx)] = f(0)
-            else:  # each slot owns its partial row: zero its columns
+            elif column_sums:  # each slot owns its partial row: zero its columns
                 for st in T.serial(steps):
                     for u in T.unroll(step):
                         vi = (st * step + u) * tpr + lane
@@ -204,7 +212,7 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                                 tot[0] = tot[0] + g * xh
                                 if layer:
                                     tot[1] = tot[1] + g
-                            if row < m:
+                            if column_sums and row < m:
                                 if acc != "global":
                                     own = u if cached else st * step + u  # which of the thread's held vectors
                                     for v in T.unroll(vec):
@@ -260,7 +268,7 @@ def make_program(kind, n, dtype, has_weight, *, vec, tpr, rows, mode, acc, unrol
                                 dw[vi * vec + v] = T.cast(sums[at(0, u, v, tx)], dt)
                                 if layer:
                                     db[vi * vec + v] = T.cast(sums[at(1, u, v, tx)], dt)
-            elif acc != "global":  # the slot's column sums, written once
+            elif column_sums and acc != "global":  # the slot's column sums, written once
                 for u in T.unroll(held):
                     vi = u * tpr + lane
                     if vi < nv:
@@ -314,7 +322,8 @@ def make_reduce_program(n, dtype, parts, *, columns=32, lanes=8):
 
 
 def compile_row_kernel(kind, n, dtype, has_weight, target, **config):
-    """The row kernel of one configuration for a TileLang target, once per process."""
+    """The row kernel of one configuration (``column_sums`` among its keywords, where False)
+    for a TileLang target, once per process."""
     identity = ("norm_bwd", kind, n, dtype, bool(has_weight), tuple(sorted(config.items())))
     return compile_once(identity, lambda: make_program(kind, n, dtype, has_weight, **config), target)
 
