@@ -50,6 +50,25 @@ def test_tuning_tries_half_the_threads_of_a_full_width_register_row_without_kept
     assert half == [{**default, "threads": 512, "keep": False}]  # 64 elements a thread: no room to keep exponentials
     # Where half the threads still hold at most 32 elements each (float32: 16 a thread by default), they keep them.
     assert all("keep" not in c for c in policy.tuning_candidates("register", 4096, torch.float32, True))
+    # A softmax forward's wide row starts there, and tries the threads that keep exponentials.
+    default, *others = policy.tuning_candidates("register", 32000, torch.bfloat16, True, softmax_forward=True)
+    assert default == {"variant": "register", "vec": 8, "threads": 512, "rows": 1, "keep": False}
+    assert others == [{"variant": "register", "vec": 8, "threads": 1024, "rows": 1}]
+
+
+@pytest.mark.parametrize("n", [1, 7, 256, 1001, 4096, 8192, 11008, 16384, 20000, 32000, 32768])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("aligned", [True, False])
+def test_a_softmax_forward_row_of_512_threads_or_more_takes_half_of_them_and_keeps_no_exponentials(n, dtype, aligned):
+    if aligned and n * dtype.itemsize % 16:
+        return
+    kept = policy.launch_config("register", n, dtype, aligned)
+    config = policy.launch_config("register", n, dtype, aligned, softmax_forward=True)
+    if kept["threads"] // kept["rows"] < 512:  # narrower rows: as the others' (kept exponentials)
+        assert config == kept
+        return
+    assert config == {**kept, "threads": kept["threads"] // 2, "keep": False}
+    assert -(-n // config["vec"] // config["threads"]) * config["vec"] <= 64  # the most a thread holds
 
 
 def test_the_split_build_gives_one_row_about_two_blocks_per_sm_in_chunks_of_16_kib():
@@ -187,7 +206,7 @@ for name, kind, n, dtype, out_dtype, log, config in [
     ("register", "forward", 4096, bf16, f32, False, policy.launch_config("register", 4096, bf16, True)),
     ("register-scalar", "forward", 1001, f16, f16, True, policy.launch_config("register", 1001, f16, False)),
     ("register-bwd", "backward", 32000, bf16, bf16, False, policy.launch_config("register", 32000, bf16, True)),
-    ("register-recomputed", "forward", 32000, bf16, bf16, False, policy.tuning_candidates("register", 32000, bf16, True)[1]),
+    ("register-recomputed", "forward", 32000, bf16, bf16, False, policy.launch_config("register", 32000, bf16, True, softmax_forward=True)),
     ("streamed", "forward", 262144, bf16, bf16, True, streamed),
     ("split-partial", "forward", 262144, bf16, bf16, False, {**split, "phase": "partial"}),
     ("split-finish", "forward", 262144, bf16, bf16, False, {**split, "phase": "finish"}),

@@ -64,10 +64,17 @@ class _TileLangSoftmax(TileLangKernel):
         return (self.variant, call.n, call.dtype, call.out_dtype, call.log, call.aligned)
 
     def default_config(self) -> dict[str, Any]:
-        return policy.launch_config(self.variant, self.params.n, self.params.dtype, self.params.aligned)
+        call = self.params
+        return policy.launch_config(self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
-        return policy.tuning_candidates(self.variant, self.params.n, self.params.dtype, self.params.aligned)
+        call = self.params
+        return policy.tuning_candidates(self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward)
+
+    @property
+    def _softmax_forward(self) -> bool:
+        """Whether this is a softmax forward (its threads keep exponentials by default)."""
+        return self.kind == "forward" and not self.params.log
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         call = self.params

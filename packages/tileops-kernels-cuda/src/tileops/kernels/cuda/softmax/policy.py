@@ -6,8 +6,9 @@ Which variant serves a call (refusals; selection takes the first that does not r
 * ``register`` holds a row in registers, read once: rows of at most ``REGISTER_MAX_N`` elements
   (1024 threads of at most 32 elements each). A 1024-thread block of a 16-bit row of 32000 takes
   56 registers a thread (the row, and the float32 exponentials softmax keeps for its write), so
-  such rows run one block per SM: the per-element arithmetic, not the loads, is what its time
-  depends on (it was 2.7 of 6.7 us a row before the exponentials became one exp2 each).
+  such rows would run one block per SM, none loading while it computes: the softmax forward's
+  wide rows take half the threads instead, each holding twice the elements and computing each
+  exponential again for the write (``launch_config``).
 * ``streamed`` serves every longer row: an online pass and a write pass over the row, the second
   reading it from L2 (one 1024-thread block per row keeps 64 KiB in flight per SM, about what
   the copy bandwidth needs with HBM's latency, and at most 132 x 2 rows of 256 KiB, 68 MB, stay
@@ -48,6 +49,9 @@ _MAX_ELEMENTS_PER_THREAD = 32
 REGISTER_MAX_N = programs.MAX_THREADS * _MAX_ELEMENTS_PER_THREAD
 _ACCESSES_PER_THREAD = 4  # 16-byte accesses in flight per thread in the register variant
 _MIN_BLOCK_THREADS = 128
+#: A softmax forward row this wide (threads at the default elements per thread) or wider takes
+#: half the threads without kept exponentials (``launch_config``).
+_RECOMPUTED_FROM_THREADS = 512
 _STREAMED_THREADS = 1024
 _STREAMED_UNROLL = 4
 #: A split chunk is at least this many bytes (256 threads x 16 bytes x 4 accesses): smaller
@@ -71,14 +75,29 @@ def refusal(variant: str, n: int, dtype: torch.dtype, out_dtype: torch.dtype) ->
     return None
 
 
-def launch_config(variant: str, n: int, dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
-    """The main build's configuration (``programs.make_program``'s keywords) before tuning."""
+def launch_config(
+    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False
+) -> dict[str, Any]:
+    """The main build's configuration (``programs.make_program``'s keywords) before tuning.
+    ``softmax_forward``: the build is a softmax forward's (not a log-softmax's, not a
+    backward's), whose threads would keep a float32 exponential per element for the write."""
     vec = programs.vector_width(dtype, aligned)
     accesses = n // vec
     if variant == "register":
         # About four accesses per thread, at most 32 elements, at most 1024 threads per row.
         per_thread = _ACCESSES_PER_THREAD if vec > 1 else _ACCESSES_PER_THREAD * 4
         tpr = min(pow2_ceil(math.ceil(accesses / per_thread)), programs.MAX_THREADS)
+        if softmax_forward and tpr >= _RECOMPUTED_FROM_THREADS:
+            # Kept exponentials (a float32 register per element) leave room for at most two
+            # blocks of 512 threads per SM, one of 1024. Half the threads, each holding twice
+            # the elements and computing each exponential again for the write (one exp2), take
+            # fewer registers a row in all, so twice the rows share an SM, one loading while
+            # another computes. Measured on an H100 in bf16 (graph replay), GPU time before ->
+            # after: 4096 x 32000 194 -> 178 us, 4096 x 32768 191 -> 187, 3000 x 24576 117 ->
+            # 110, 6000 x 11008 92 -> 88, 2048 x 16384 44.7 -> 43.8; rows of 128 threads and
+            # fewer gained nothing either way (16384 x 4096 87.6 / 87.9 us, 8192 x 2048 21.6 /
+            # 21.4), so they keep theirs.
+            return {"variant": "register", "vec": vec, "threads": tpr // 2, "rows": 1, "keep": False}
         rows = max(1, _MIN_BLOCK_THREADS // tpr)
         return {"variant": "register", "vec": vec, "threads": tpr * rows, "rows": rows}
     return {"variant": "streamed", "vec": vec, "threads": _STREAMED_THREADS, "unroll": _STREAMED_UNROLL}
@@ -118,18 +137,16 @@ def split_candidates(n: int, dtype: torch.dtype, split: dict[str, Any]) -> list[
     return candidates
 
 
-def tuning_candidates(variant: str, n: int, dtype: torch.dtype, aligned: bool) -> list[dict[str, Any]]:
+def tuning_candidates(
+    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False
+) -> list[dict[str, Any]]:
     """Main-build configurations worth timing, the default first: half and twice the threads
     per row (register), or 512 threads and other unrolls (streamed).
 
-    Half the threads of a register row hold twice the elements each; past 32 (a 16-bit row's
-    default is four 16-byte accesses, 32 elements, a thread) that fits only without the kept
-    exponentials (``keep=False``). For the longest rows (1024 threads of 32 elements) two such
-    blocks may then share an SM (ptxas: 56 registers a thread, no spill, at 32000 bfloat16, as
-    the default's), one loading its row while the other computes, where one
-    1024-thread block per SM cannot overlap them (4096 rows of 32000 bfloat16 elements ran at 71 %
-    of the copy bandwidth that way, 175 us on an H200). Not measured yet: a candidate."""
-    default = launch_config(variant, n, dtype, aligned)
+    A register thread holds at most 64 elements; past 32 (a 16-bit row's default is four
+    16-byte accesses, 32 elements, a thread) it keeps no exponentials (``keep=False``), and at
+    32 or fewer it keeps them (a softmax forward's; ``keep`` means nothing to the others)."""
+    default = launch_config(variant, n, dtype, aligned, softmax_forward=softmax_forward)
     candidates = [default]
     if variant == "register":
         tpr = default["threads"] // default["rows"]
@@ -138,6 +155,7 @@ def tuning_candidates(variant: str, n: int, dtype: torch.dtype, aligned: bool) -
             if 1 <= threads_per_row <= programs.MAX_THREADS and held <= 2 * _MAX_ELEMENTS_PER_THREAD:
                 rows = max(1, _MIN_BLOCK_THREADS // threads_per_row)
                 candidate = {**default, "threads": threads_per_row * rows, "rows": rows}
+                candidate.pop("keep", None)
                 if held > _MAX_ELEMENTS_PER_THREAD:
                     candidate["keep"] = False
                 candidates.append(candidate)
