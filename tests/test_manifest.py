@@ -87,6 +87,12 @@ def test_every_shipped_manifest_entry_loads_and_matches_its_op_class():
         ({"signature__inputs__x y": {"dtype": ["float32"], "shape": [1]}}, "signature.inputs", "'x y' is not a valid argument name"),
         ({"signature__params__eps__default": "tiny"}, "signature.params.eps.default", "expected a float (the param's type is float), got 'tiny'"),
         ({"signature__params__normalized_shape__default": [4, -1]}, "signature.params.normalized_shape.default", "expected an int or a sequence of non-negative ints"),
+        ({"signature__params__skip_outputs": {"type": "outputs", "default": []}}, "signature.params.skip_outputs",
+         "the op has no output declared absent_without, which alone may be skipped"),
+        ({"signature__params__skip_outputs": {"type": "str", "default": "y"}}, "signature.params.skip_outputs",
+         "a param of type outputs is named skip_outputs, and that param has that type"),
+        ({"signature__params__unwanted": {"type": "outputs", "default": []}}, "signature.params.unwanted",
+         "a param of type outputs is named skip_outputs"),
     ],
 )
 def test_a_bad_entry_is_refused_naming_file_op_and_field(changes, field, message):
@@ -97,6 +103,20 @@ def test_a_bad_entry_is_refused_naming_file_op_and_field(changes, field, message
     if field:
         assert f"field {field}:" in text
     assert message in text
+
+
+def test_a_backward_op_may_take_skip_outputs_beside_its_forwards_params_and_skips_nothing_by_default():
+    norm = copy.deepcopy(NORM)
+    params = norm["RMSNormBwdOp"]["signature"]["params"]
+    assert params["skip_outputs"] == {"type": "outputs", "default": [], "keyword_only": True, "doc": params["skip_outputs"]["doc"]}
+    params["skip_outputs"]["default"] = ["dweight"]
+    with pytest.raises(ManifestError, match=r"op RMSNormBwdOp, field signature.params.skip_outputs.default: must be \[\]"):
+        parse_manifest(yaml.safe_dump(norm, sort_keys=False), "norm.yaml")
+    params["skip_outputs"]["default"] = []
+    params["scale"] = {"type": "float", "default": 1.0}
+    with pytest.raises(ManifestError, match=r"RMSNormBwdOp takes params \(normalized_shape, eps, scale\); a backward op takes "
+                                            r"its forward's \(normalized_shape, eps\), the same op instance's, and may add skip_outputs"):
+        parse_manifest(yaml.safe_dump(norm, sort_keys=False), "norm.yaml")
 
 
 def test_a_differentiable_ops_output_cannot_be_absent():

@@ -116,7 +116,9 @@ def test_gradients_match_torch_autograd_in_every_dtype(op_class, dtype, toleranc
     reference = [t.detach().double().requires_grad_() for t in inputs]
     outputs = _outputs(op_class(normalized_shape)(*inputs))
     expected = _outputs(_torch_function(op_class, normalized_shape, None)(*reference))
-    grads = [torch.randn_like(o) for o in outputs]
+    # Drawn from a generator of their own: the global one's state depends on the tests run before.
+    generator = torch.Generator().manual_seed(1)
+    grads = [torch.randn(o.shape, generator=generator).to(o.dtype) for o in outputs]
     torch.autograd.backward(outputs, grads)
     torch.autograd.backward(expected, [g.double() for g in grads])
     for got, want in zip(inputs, reference):
@@ -207,6 +209,60 @@ def test_the_gradient_of_a_parameter_the_forward_lacked_is_none_eager_and_compil
     torch.testing.assert_close(xs.grad, expected.grad, atol=1e-4, rtol=1e-4)
 
 
+# op, trainable (weight, bias) -> the gradients the backward pass skips.
+FROZEN = [
+    (RMSNormFwdOp, (False, None), ("dweight",)),
+    (FusedAddRMSNormFwdOp, (False, None), ("dweight",)),
+    (LayerNormFwdOp, (False, True), ("dweight",)),  # BitFit: the biases alone train
+    (LayerNormFwdOp, (True, False), ("dbias",)),
+    (FusedAddLayerNormFwdOp, (False, False), ("dbias", "dweight")),
+]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(("op_class", "trainable", "skipped"), FROZEN, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_frozen_parameter_gets_no_gradient_and_the_backward_skips_its_sum(op_class, trainable, skipped, compiled):
+    # A LoRA fine-tune freezes the norms' weights: their sums over the rows are work for nothing.
+    inputs = _inputs(op_class, (6,), (32,), torch.float32)
+    parameters = inputs[-2:] if "LayerNorm" in op_class.__name__ else inputs[-1:]
+    for parameter, train in zip(parameters, trainable):
+        parameter.requires_grad_(train)
+    op = op_class(32)
+    step = torch.compile(lambda *given: _outputs(op(*given))[0].square().sum(), fullgraph=True) if compiled else (
+        lambda *given: _outputs(op(*given))[0].square().sum()
+    )
+    step(*inputs).backward()
+    expected = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    _outputs(_torch_function(op_class, (32,), None)(*expected))[0].square().sum().backward()
+    for got, want in zip(inputs, expected):
+        assert (got.grad is None) == (want.grad is None)
+        if want.grad is not None:
+            torch.testing.assert_close(got.grad, want.grad, atol=1e-4, rtol=1e-4)
+    # The backward pass ran the backward op built to skip them, and only that one.
+    skipping = op.backward_op_for([t.requires_grad for t in inputs], [True] * len(inputs))
+    assert skipping.params["skip_outputs"] == skipped and not op.backward_op.built_kernels()
+    ((_, kernel),) = skipping.built_kernels()
+    # Its kernel sums the parameter gradients only where one of them is wanted.
+    assert kernel.parameter_gradients == any(trainable)
+
+
+def test_a_backward_op_skips_the_outputs_it_is_built_to_skip_and_refuses_others():
+    dy, x, weight, bias = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64), torch.randn(64)
+    dx, dweight, dbias = LayerNormBwdOp(64)(dy, x, weight, bias)
+    for skip, kept in (("dweight", "dbias"), (["dbias"], "dweight"), (("dweight", "dbias"), None)):
+        op = LayerNormBwdOp(64, skip_outputs=skip)
+        for result in (op(dy, x, weight, bias), torch.compile(lambda *given, op=op: op(*given), fullgraph=True)(dy, x, weight, bias)):
+            torch.testing.assert_close(result[0], dx)
+            named = dict(zip(("dweight", "dbias"), result[1:]))
+            assert all((value is not None) == (name == kept) for name, value in named.items())
+            if kept:
+                torch.testing.assert_close(named[kept], {"dweight": dweight, "dbias": dbias}[kept])
+    with pytest.raises(OpArgumentError, match=r"LayerNormBwdOp: param 'skip_outputs' expected outputs that may be absent \(dweight, dbias\), got 'dx'"):
+        LayerNormBwdOp(64, skip_outputs=["dweight", "dx"])
+    with pytest.raises(OpArgumentError, match=r"RMSNormBwdOp: param 'skip_outputs' expected an output name or a sequence of them, got 3"):
+        RMSNormBwdOp(64, skip_outputs=3)
+
+
 def test_a_backward_op_computes_statistics_it_is_not_given():
     dy, x, weight = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
     op = LayerNormBwdOp(64)
@@ -255,6 +311,31 @@ def test_a_target_that_serves_the_backward_op_runs_it_with_the_statistics_derive
     torch.testing.assert_close(weight.grad, w2.grad)
     # The target's forward saved nothing: the wiring derived rstd from x for its backward.
     torch.testing.assert_close(seen[0], torch.rsqrt(x.detach().square().mean(-1) + 1e-6))
+
+
+def test_a_target_serves_a_backward_pass_with_a_frozen_weight_as_it_is_and_its_gradient_is_dropped(scoped_registry):
+    # A target's builder takes the forward's params (skip_outputs is the in-tree kernels'); what
+    # its kernel returns for a skipped gradient is not the caller's to see.
+    built = []
+
+    def build_forward(x, weight, *, normalized_shape, eps):
+        return lambda x, weight: F.rms_norm(x, normalized_shape, weight, eps).detach()
+
+    def build_backward(dy, x, weight, rstd, *, normalized_shape, eps):
+        built.append((normalized_shape, eps))
+        return lambda dy, x, weight, rstd: RMSNormBwdOp(normalized_shape, eps, target="builtin")(dy, x, weight, rstd)
+
+    register_kernel_builder(op="RMSNormFwdOp", target="both", build_kernel=build_forward)
+    register_kernel_builder(op="RMSNormBwdOp", target="both", build_kernel=build_backward)
+    x, weight = torch.randn(2, 8, requires_grad=True), torch.randn(8)
+    op = RMSNormFwdOp(8, eps=1e-6, target="both")
+    op(x, weight).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    F.rms_norm(x2, (8,), weight, 1e-6).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    assert weight.grad is None and built == [((8,), 1e-6)]
+    skipping = op.backward_op_for([True, False], [True, True])
+    assert skipping.target == "both" and skipping(torch.ones(2, 8), x.detach(), weight)[1] is None
 
 
 class _PreNormBlock(torch.nn.Module):

@@ -79,6 +79,37 @@ def test_gradients_on_the_tilelang_kernels_match_float64_autograd(op_class, dtyp
     )
 
 
+@pytest.mark.parametrize("op_class", FORWARD_OPS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("shape", [(1, 4096), (3, 1000), (129, 5120), (4, 65536)], ids=str)
+def test_frozen_parameters_train_the_rest_on_the_row_kernel_alone(op_class, shape):
+    # LoRA freezes the norms' parameters: the backward kernel reads the weight for dx and sums
+    # nothing.
+    n = shape[-1]
+    op = op_class(n)
+    inputs = _inputs(op_class, shape, torch.bfloat16)
+    for parameter in inputs[-2 if "LayerNorm" in op_class.__name__ else -1:]:
+        parameter.requires_grad_(False)
+    reference = [t.detach().cpu().double().requires_grad_(t.requires_grad) for t in inputs]
+    outputs = op(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    grads = [torch.randn_like(o) for o in outputs]
+    torch.autograd.backward(outputs, grads)
+    expected = _reference(op_class, n)(*reference)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    torch.autograd.backward(expected, [g.cpu().double() for g in grads])
+    tolerance = TOLERANCE[torch.bfloat16]
+    rows = inputs[0].numel() // n
+    for got, want in zip(inputs, reference):
+        assert (got.grad is None) == (want.grad is None)
+        if want.grad is not None:
+            scale = rows**0.5 if got.dim() == 1 else 1.0
+            torch.testing.assert_close(got.grad.cpu().double(), want.grad, atol=tolerance * scale, rtol=tolerance)
+    skipping = op.backward_op_for([t.requires_grad for t in inputs], [True] * len(inputs))
+    assert not op.backward_op.built_kernels() and all(
+        key.endswith(("_bwd", "_bwd_streamed", "_bwd_scalar")) for key, _ in skipping.built_kernels()
+    )
+
+
 def test_float64_is_differentiable_on_cuda_for_gradcheck():
     x = torch.randn(3, 24, device="cuda", dtype=torch.float64, requires_grad=True)
     w = torch.randn(24, device="cuda", dtype=torch.float64, requires_grad=True)

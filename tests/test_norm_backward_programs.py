@@ -192,9 +192,10 @@ dtype = getattr(torch, dtype)
 assert policy.refusal(kind, variant, n, dtype, True) is None
 target = {{"kind": "cuda", "arch": "sm_90"}}
 config = policy.launch_config(kind, variant, n, dtype)
-if mode == ["no_sums"]:  # no weight, no bias: dx alone, no partials
-    rows = programs.compile_row_kernel(kind, n, dtype, False, target, **config, column_sums=False).get_kernel_source()
-    assert "__global__" in rows and "partial" not in rows, "a call with no parameter writes no partial sums"
+if mode[0] == "no_sums":  # no weight and bias, or frozen ones: dx alone, no partials
+    has_weight = mode == ["no_sums", "frozen"]
+    rows = programs.compile_row_kernel(kind, n, dtype, has_weight, target, **config, column_sums=False).get_kernel_source()
+    assert "__global__" in rows and "partial" not in rows, "a call with no parameter to sum writes no partial sums"
 else:
     rows = programs.compile_row_kernel(kind, n, dtype, True, target, **config, direct=mode == ["direct"]).get_kernel_source()
     reduce = programs.compile_reduce_kernel(n, dtype, policy.parts_of(kind), target).get_kernel_source()
@@ -209,7 +210,8 @@ print("compiled", kind, variant, n, config["acc"])
 # dresidual_sum early too), the fused rule's several rows a block of three vectors a thread with
 # the next rows ahead, the 16-byte streamed mode with its sums in global and in shared memory,
 # and the element-wise one (sums in shared memory); the direct build of one-row calls (dweight and
-# dbias written by the row kernel); and a build without column sums (a call with no weight or bias).
+# dbias written by the row kernel); and a build without column sums that reads a weight (a call
+# whose parameters are frozen; one without weight or bias is that build less the weight's loads).
 CASES = [
     ("rms_norm", "register", 4096, "bfloat16"),
     ("add_layer_norm", "register", 7168, "bfloat16"),
@@ -218,7 +220,7 @@ CASES = [
     ("layer_norm", "streamed", 16384, "bfloat16"),
     ("layer_norm", "scalar", 1001, "float32"),
     ("layer_norm", "register", 4096, "bfloat16", "direct"),
-    ("add_rms_norm", "register", 5120, "bfloat16", "no_sums"),
+    ("add_rms_norm", "register", 5120, "bfloat16", "no_sums", "frozen"),
 ]
 
 
@@ -291,3 +293,27 @@ def test_a_call_without_weight_or_bias_runs_the_row_kernel_alone_and_sums_no_par
         dy, x, None, mean, rstd
     )
     assert [program[0] for program, _ in launches] == ["rows", "reduce"] and dbias.shape == (4096,)
+
+
+def test_a_call_whose_parameters_are_frozen_reads_the_weight_and_sums_no_gradient(launches):
+    from tileops.ops.norm import LayerNormBwdInterface, LayerNormBwdOp, RMSNormBwdInterface, RMSNormBwdOp
+
+    dy, x, rstd = torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(8)
+    weight = torch.ones(4096, dtype=torch.bfloat16)
+    kernel = _backward_kernel(RMSNormBwdOp([4096], skip_outputs=["dweight"]), RMSNormBwdInterface, "rms_norm_bwd", True, False)
+    assert kernel.params.call.parameter_gradients is False
+    dx, dweight = kernel.forward(dy, x, weight, rstd)
+    ((program, tensors),) = launches  # one launch, no reduce kernel
+    # Built with the weight (dx = rstd * (dy * weight - ...)) and without column sums.
+    assert program[:2] == ("rows", True) and program[2]["column_sums"] is False
+    assert [t.data_ptr() for t in tensors] == [dy.data_ptr(), x.data_ptr(), weight.data_ptr(), rstd.data_ptr(), dx.data_ptr()]
+    assert dweight is None
+
+    # A LayerNorm whose bias alone is frozen still sums: dweight is wanted (the op drops dbias).
+    launches.clear()
+    mean = torch.zeros(8)
+    op = LayerNormBwdOp([4096], skip_outputs="dbias")
+    kernel = _backward_kernel(op, LayerNormBwdInterface, "layer_norm_bwd", True, True)
+    assert kernel.params.call.parameter_gradients is True
+    kernel.forward(dy, x, weight, mean, rstd)
+    assert [program[0] for program, _ in launches] == ["rows", "reduce"]

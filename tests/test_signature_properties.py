@@ -38,7 +38,7 @@ from tileops.core.call_path import call_path_factory
 from tileops.backend import OpArgumentError
 from tileops.core import Op
 from tileops.core.manifest.expressions import evaluate
-from tileops.core.manifest import DTYPES, OpEntry, ParamDecl, TensorDecl
+from tileops.core.manifest import DTYPES, SKIP_OUTPUTS, OpEntry, ParamDecl, TensorDecl
 from tileops.ops import FAMILIES
 from tileops.testing import reference_outputs
 
@@ -153,6 +153,11 @@ def param_values(decl: ParamDecl, entry: OpEntry | None = None) -> st.SearchStra
         values = st.booleans()
     elif decl.type == "dtype":
         values = st.sampled_from(list(DTYPES.values()))
+    elif decl.type == "outputs" and entry is not None:
+        skippable = [t.name for t in entry.outputs if t.absent_without]
+        values = st.lists(st.sampled_from(skippable), unique=True).flatmap(
+            lambda names: st.sampled_from([names, tuple(names)] + ([names[0]] if len(names) == 1 else []))
+        )
     else:
         raise NotImplementedError(f"no values for a {decl.type} param ({decl.name}); teach param_values one")
     if decl.nullable:
@@ -171,6 +176,8 @@ def bound_params(entry: OpEntry, given: Mapping[str, Any]) -> dict[str, Any]:
             value = (value,) if isinstance(value, int) else tuple(value)
         elif decl.type == "float" and value is not None:
             value = float(value)
+        elif decl.type == "outputs":  # names, sorted, whatever sequence (or single name) was given
+            value = tuple(sorted({value} if isinstance(value, str) else set(value)))
         params[decl.name] = value
     return params
 
@@ -349,6 +356,9 @@ def test_a_valid_call_returns_the_outputs_the_signature_declares(op_class, data)
         if source and call.inputs[source] is None:  # it aliases, or is absent without, an optional input left out
             assert got is None and want is None, decl.name
             continue
+        if decl.name in call.params.get(SKIP_OUTPUTS, ()):  # the op was built to skip it
+            assert got is None and want is None, decl.name
+            continue
         assert isinstance(got, torch.Tensor), decl.name
         assert tuple(got.shape) == shape_of(call.dims[decl.name]) == tuple(want.shape), decl.name
         assert got.dtype == call.dtypes[decl.name] == want.dtype, decl.name
@@ -406,8 +416,9 @@ def test_a_non_contiguous_read_only_input_is_made_contiguous_or_read_as_a_row_vi
     want = outputs_of(op(*args, **kwargs), call.entry)
 
     for decl, strided_output, contiguous_output in zip(call.entry.outputs, got, want, strict=True):
-        if strided_output is None or contiguous_output is None:  # aliases, or is absent without, an optional input left out
-            assert strided_output is contiguous_output is None and call.inputs[decl.aliases or decl.absent_without] is None, decl.name
+        if strided_output is None or contiguous_output is None:  # aliases, or is absent without, an optional input left out; or skipped
+            assert strided_output is contiguous_output is None, decl.name
+            assert call.inputs[decl.aliases or decl.absent_without] is None or decl.name in op.params.get(SKIP_OUTPUTS, ()), decl.name
             continue
         assert strided_output.shape == contiguous_output.shape and strided_output.dtype == contiguous_output.dtype
         torch.testing.assert_close(strided_output, contiguous_output, atol=0, rtol=0, equal_nan=True, msg=decl.name)

@@ -16,7 +16,9 @@ computed by the backward input's ``derive`` expression, the same one workloads u
 backward always receives it. A statistic declared ``saved_for`` an input (that input's gradient,
 computed by the forward pass) is the exception: where that input does not require grad (frozen,
 or left out) the call neither computes nor derives it, and the backward op receives None. Which
-inputs want gradients travels as a bit per input position (``wanted``).
+inputs want gradients travels as a bit per input position (``wanted``). The backward pass, in
+turn, skips a gradient that no input wants where the backward op lets it (``skip_outputs``: a
+frozen parameter's sum over the rows): it runs the instance's backward op built to skip it.
 
 A statistic the backward op writes (``access: readwrite``, e.g. a saved gradient it scales in
 place, so that no second tensor of its size exists) is *consumed*: an eager node keeps it out of
@@ -42,6 +44,7 @@ second backward through itself, whose inputs are gone. Elsewhere, and under
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -50,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import OpArgumentError, OpNotAvailableError
-from .manifest import CONSUME_INPUTS, BoundCall, OpEntry, evaluate
+from .manifest import CONSUME_INPUTS, SKIP_OUTPUTS, BoundCall, OpEntry, evaluate
 
 if TYPE_CHECKING:
     from .op import Op
@@ -88,6 +91,19 @@ class Differentiation:
         self.gradient_of = tuple(
             backward_outputs.index(decl.grads[name]) if name in decl.grads else None for name in inputs
         )
+        # A backward op that takes skip_outputs may leave out a gradient no input wants (a
+        # frozen parameter's, whose sum over the rows may cost as much as the rest).
+        skippable = (
+            [t.name for t in backward.outputs if t.absent_without]
+            if any(p.name == SKIP_OUTPUTS for p in backward.params) else []
+        )
+        #: Per forward input: the name of its gradient where a backward pass may skip it, or None.
+        self._skippable_gradient = tuple(decl.grads.get(name) if decl.grads.get(name) in skippable else None for name in inputs)
+        #: Every set of gradients a backward pass may skip (sorted names), an instance's
+        #: backward op built for each.
+        self.skippable_sets = tuple(
+            subset for size in range(1, len(skippable) + 1) for subset in itertools.combinations(sorted(skippable), size)
+        )
         self._kept_inputs = sorted({index for kind, index in self.sources if kind == _INPUT})
         self._kept_outputs = sorted({index for kind, index in self.sources if kind == _OUTPUT})
         # Forward tensors the backward op reads only the description of (access: shape): a node
@@ -122,6 +138,13 @@ class Differentiation:
         if not torch.is_grad_enabled():
             return False
         return any(isinstance(inputs[i], torch.Tensor) and inputs[i].requires_grad for i in self.differentiable)
+
+    def skipped_gradients(self, needed: Sequence[bool], present: Sequence[bool]) -> tuple[str, ...]:
+        """The gradients a backward pass skips: those, among the skippable, of the inputs the
+        call had (``present``) that need none (``needed``: autograd's ``needs_input_grad``)."""
+        return tuple(sorted(
+            name for name, need, given in zip(self._skippable_gradient, needed, present) if name and given and not need
+        ))
 
     def wanted(self, inputs: Sequence[Any]) -> int:
         """The differentiable inputs of a call that require grad, a bit per input position."""
@@ -328,7 +351,7 @@ class _Node(torch.autograd.Function):
             for position in wiring.overwritten_arguments:  # a kernel's writes: torch's counters did not see them
                 torch.autograd.graph.increment_version(arguments[position])
         else:
-            results = op.backward_op(*arguments)
+            results = op.backward_op_for(ctx.needs_input_grad[2:], ctx.present)(*arguments)
         return (None, None, *wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[2:]))
 
 
@@ -357,12 +380,12 @@ def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of)
         wiring = op.differentiation
         refuse_double_backward(type(op).__name__, wiring.backward.name)
         arguments = wiring.backward_arguments(grads[:n_outputs], ctx.saved_tensors)
-        backward_op = op.backward_op
+        backward_op = op.backward_op_for(ctx.needs_input_grad[:n_inputs], ctx.present)
         custom = type(backward_op)._custom_op  # set on the class itself when it was constructed
         n_exec = len(wiring.backward.exec_args)
         results = custom(*arguments, *[None] * n_exec, backward_op.trace_key)
         listed = list(results) if isinstance(results, tuple) else [results]
-        results = tuple(backward_op.signature().with_written_inputs(listed, arguments))
+        results = tuple(backward_op.signature().with_written_inputs(listed, arguments, backward_op.params))
         gradients = wiring.input_gradients(results, ctx.present, ctx.needs_input_grad[:n_inputs])
         return (*gradients, *[None] * (len(ctx.needs_input_grad) - n_inputs))
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .manifest import BoundCall, Signature
+from .manifest import SKIP_OUTPUTS, BoundCall, Signature
 from .manifest.entries import OpEntry, TensorDecl
 from .manifest.expressions import FUNCTIONS
 from .manifest.overlap import overlapping
@@ -277,7 +277,12 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
         if decl.shape_same_as and entry.input(decl.shape_same_as).optional:
             raise _Unsupported
     shapes, dtypes = [], []
+    skipped = params.get(SKIP_OUTPUTS, ())
     for i, decl in enumerate(entry.outputs):
+        if decl.name in skipped:  # None in every call of the instance
+            shapes.append("None")
+            dtypes.append("None")
+            continue
         shape, dtype = w.output_shape(decl), w.output_dtype(decl)
         source = decl.absent_without or (decl.aliases if decl.aliases and entry.input(decl.aliases).optional else None)
         if source:
@@ -311,7 +316,7 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     written = list(dict.fromkeys(
         f"({shape} is None or 0 in {shape})" if decl.absent_without else f"0 in {shape}"
         for decl, shape in zip(entry.outputs, shapes)
-        if not decl.aliases
+        if not decl.aliases and decl.name not in skipped
     ))
     written += [f"{decl.name}.numel() == 0" for decl in entry.inputs if decl.written and not decl.optional]
     if written:
@@ -337,6 +342,8 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     w.emit(f"_r = _forward({inputs}) if _outs is _NO_OUTS else _forward({inputs}**_outs)", 1)
     w.emit("if _trusted: return _r", 1)
     def fits(r: str, decl: TensorDecl, shape: str, dtype: str) -> str:
+        if decl.name in skipped:
+            return f"{r} is None"
         if decl.aliases:  # the input itself (None where an optional input was left out)
             return f"{r} is {decl.aliases}"
         test = f"isinstance({r}, _Tensor) and {r}.shape == {shape} and {r}.dtype is {dtype} and {r}.device == _dev"

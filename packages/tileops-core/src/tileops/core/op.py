@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +25,7 @@ from .discovery import load_backends
 from .errors import BackendError, OpArgumentError, OpNotAvailableError, TileOpsError
 from .introspection import CallSignature, ManifestDoc
 from .kernel import CallSpec, Kernel, KernelInterface
-from .manifest import CONSUME_INPUTS, BoundCall, OpEntry, Signature, load_manifest
+from .manifest import CONSUME_INPUTS, SKIP_OUTPUTS, BoundCall, OpEntry, Signature, load_manifest
 from .registry import BUILTIN, describe_callable
 from .selection import InterfaceImplementations, Verdict, check_implementations, registered_kernel_type_problems
 from .targets import TensorSpec, bind_target, check_target_name
@@ -274,11 +274,25 @@ class Op:
         #: Where the instance was built with ``consume_inputs=True``: the backward op that writes
         #: the gradients over the forward's inputs (the autograd node runs it where that is safe).
         self.in_place_backward_op: Op | None = None
+        #: Skipped outputs -> the backward op built with ``skip_outputs`` naming them, for a
+        #: backward pass where the inputs they are the gradients of want none (frozen
+        #: parameters). Built here, once: a compiled backward picks one while it is traced.
+        self._skipping_backward_ops: dict[tuple[str, ...], Op] = {}
         if self.differentiation is not None:
             params = {name: value for name, value in self.params.items() if name != CONSUME_INPUTS}
-            self.backward_op = cls.backward_class()(**params, target=target)
+            backward_class = cls.backward_class()
+            self.backward_op = backward_class(**params, target=target)
+            for skipped in self.differentiation.skippable_sets:
+                self._skipping_backward_ops[skipped] = backward_class(**params, skip_outputs=skipped, target=target)
             if self.params.get(CONSUME_INPUTS):
                 self.in_place_backward_op = cls.backward_class(in_place=True)(**params, target=target)
+
+    def backward_op_for(self, needed: Sequence[bool], present: Sequence[bool]) -> Op:
+        """The backward op of a backward pass that needs the gradients of the forward inputs
+        ``needed`` flags (``present``: those the call had): ``backward_op``, or the one that
+        skips the gradients that no input needs and that may be skipped (frozen parameters')."""
+        skipped = self.differentiation.skipped_gradients(needed, present)
+        return self._skipping_backward_ops[skipped] if skipped else self.backward_op
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -381,7 +395,11 @@ class Op:
         kernel = self._target_kernels.get(key)
         if kernel is None:
             kernel = self._build_target_kernel(target, call, key)
-        result = check(kernel(*inputs, **call.outs), call, f"target {target!r}")
+        result = kernel(*inputs, **call.outs)
+        skipped = self.params.get(SKIP_OUTPUTS)
+        if skipped and type(result) is tuple and len(result) == len(call.output_shapes):
+            result = tuple(None if decl.name in skipped else r for decl, r in zip(self._signature.entry.outputs, result))
+        result = check(result, call, f"target {target!r}")
         return result if wanted is None else (result, (None,) * len(self.differentiation.saves))
 
     def _bind_and_run(self, call: BoundCall, *, wanted: int | None) -> Any:
@@ -429,11 +447,14 @@ class Op:
         build = registration.value
         builder = f"the kernel builder of target {target!r} ({describe_callable(build)}, registered by {registration.registrant()})"
         specs = [None if t is None else TensorSpec.of(t) for t in call.inputs]
+        # skip_outputs is the in-tree kernels' to read: a target computes what it computes, and
+        # the instance returns None for the skipped outputs (``_run``).
+        built_with = {name: value for name, value in self.params.items() if name != SKIP_OUTPUTS}
         try:
-            inspect.signature(build).bind(*specs, **self.params)
+            inspect.signature(build).bind(*specs, **built_with)
         except TypeError as error:
             inputs = ", ".join(self._signature.input_names)
-            params = ", ".join(self.params)
+            params = ", ".join(built_with)
             raise BackendError(
                 f"{name}: {builder} cannot be called as build_kernel({inputs}, *, {params}): {error}. "
                 "build_kernel takes one TensorSpec (or None) per input, positionally, and the op's params "
@@ -441,7 +462,7 @@ class Op:
             ) from None
         except ValueError:
             pass  # no signature to read (a builtin): the call itself says what is wrong
-        kernel = build(*specs, **self.params)
+        kernel = build(*specs, **built_with)
         if not callable(kernel):
             raise BackendError(
                 f"{name}: {builder} returned {type(kernel).__name__}, which is not callable; "

@@ -366,5 +366,5 @@ def traced_call(op: Op, args: tuple, kwargs: dict) -> Any:
     for keyword, index in signature.out_keywords.items():
         if outs.get(keyword) is not None:
             results[index] = outs[keyword]
-    results = signature.with_written_inputs(results, inputs)
+    results = signature.with_written_inputs(results, inputs, op.params)
     return results[0] if len(results) == 1 else tuple(results)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tileops.core import Op, stand_in
-from tileops.core.manifest import OpEntry, Workload, evaluate
+from tileops.core.manifest import SKIP_OUTPUTS, OpEntry, Workload, evaluate
 
 __all__ = [
     "WorkloadCase",
@@ -94,15 +94,19 @@ def workload_inputs(
 def reference_outputs(
     entry: OpEntry, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]
 ) -> tuple[tuple, dict[str, torch.Tensor]]:
-    """The entry's ``ref_api`` evaluated on clones of ``inputs``: its outputs, and the clones
-    of the inputs the op writes, as the reference left them."""
+    """The entry's ``ref_api`` evaluated on clones of ``inputs``: its outputs (None for those
+    ``params`` skip), and the clones of the inputs the op writes, as the reference left them."""
     namespace: dict[str, Any] = {decl.name: None for decl in entry.inputs}
     namespace.update({name: tensor.clone() for name, tensor in inputs.items()})
     namespace.update(params)
     namespace.update(torch=torch, F=F)
     result = evaluate(entry.ref_code, namespace)
     written = {d.name: namespace[d.name] for d in entry.inputs if d.written and namespace[d.name] is not None}
-    return (result if isinstance(result, tuple) else (result,)), written
+    results = result if isinstance(result, tuple) else (result,)
+    skipped = params.get(SKIP_OUTPUTS)
+    if skipped:
+        results = tuple(None if decl.name in skipped else r for decl, r in zip(entry.outputs, results))
+    return results, written
 
 
 def check_workload(

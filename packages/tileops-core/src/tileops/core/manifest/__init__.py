@@ -11,7 +11,7 @@ line, ``tileops.testing``); the modules behind them are internal.
 """
 
 from .expressions import evaluate
-from .entries import CONSUME_INPUTS, DTYPES, BackwardDecl, OpEntry, ParamDecl, TensorDecl, Workload, param_value
+from .entries import CONSUME_INPUTS, DTYPES, SKIP_OUTPUTS, BackwardDecl, OpEntry, ParamDecl, TensorDecl, Workload, param_value
 from .loader import load_manifest, parse_manifest
 from .shapes import PatternEntry, ShapePattern
 from .signature import BoundCall, Signature
@@ -19,6 +19,7 @@ from .signature import BoundCall, Signature
 __all__ = [
     "CONSUME_INPUTS",
     "DTYPES",
+    "SKIP_OUTPUTS",
     "BackwardDecl",
     "BoundCall",
     "OpEntry",

@@ -28,7 +28,7 @@ DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
     "bool": torch.bool,
 }
-PARAM_TYPES = ("int", "float", "bool", "str", "shape", "dtype")
+PARAM_TYPES = ("int", "float", "bool", "str", "shape", "dtype", "outputs")
 #: What an op does with an input: reads it; reads and writes it in place; only writes it; or reads
 #: only its shape, dtype and device (``shape``: a backward op told a forward input's description,
 #: whose values its implementations never read, so that autograd need not keep the tensor alive).
@@ -170,6 +170,9 @@ class BackwardDecl:
 
 #: The forward param that lets a backward declared ``in_place`` write over the forward's inputs.
 CONSUME_INPUTS = "consume_inputs"
+#: The param (type ``outputs``) of an op with outputs declared ``absent_without``: those of them
+#: a caller does not want (a frozen parameter's gradient), None in every call of the instance.
+SKIP_OUTPUTS = "skip_outputs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +230,11 @@ def param_value(kind: str, value: Any) -> Any:
         if not isinstance(value, torch.dtype):
             raise ValueError("a torch.dtype")
         return value
+    if kind == "outputs":  # output names, in one order whatever order the caller gave
+        names = (value,) if isinstance(value, str) else value
+        if isinstance(names, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in names):
+            return tuple(sorted(set(names)))
+        raise ValueError("an output name or a sequence of them")
     # shape: an int or a sequence of ints, as torch's shape arguments take
     if is_int(value):
         value = (value,)

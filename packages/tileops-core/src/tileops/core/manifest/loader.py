@@ -27,6 +27,7 @@ from .entries import (
     MAX_NUMEL,
     PARAM_TYPES,
     REQUIRED,
+    SKIP_OUTPUTS,
     BackwardDecl,
     Constraint,
     OpEntry,
@@ -309,6 +310,7 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
         )
     if not outputs:
         raise where.at("signature.outputs").error("an op needs at least one output")
+    _check_skip_outputs(params, outputs, where.at("signature.params"))
     clash = sorted({t.out for t in outputs.values() if t.out} & (set(inputs) | {p.name for p in params}))
     if clash:
         raise where.at("signature.outputs").error(f"out keyword(s) {', '.join(clash)} clash with an input or param name")
@@ -475,6 +477,20 @@ def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outpu
     return BackwardDecl(op, tuple(saves), dict(grads), dict(saved_for), in_place)
 
 
+def _check_skip_outputs(params: tuple[ParamDecl, ...], outputs: Mapping[str, TensorDecl], where: _Where) -> None:
+    """The ``skip_outputs`` param: the one param of type ``outputs``, empty by default, on an op
+    with outputs that may be absent (those are the ones a caller may skip)."""
+    for decl in params:
+        if (decl.name == SKIP_OUTPUTS) != (decl.type == "outputs"):
+            raise where.at(decl.name).error(f"a param of type outputs is named {SKIP_OUTPUTS}, and that param has that type")
+        if decl.name != SKIP_OUTPUTS:
+            continue
+        if decl.default != ():
+            raise where.at(f"{decl.name}.default").error("must be [] (a call computes every output unless asked not to)")
+        if not any(t.absent_without for t in outputs.values()):
+            raise where.at(decl.name).error("the op has no output declared absent_without, which alone may be skipped")
+
+
 def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
     """How each forward's ``backward:`` fits its backward op's entry: the names of the
     backward's inputs say what each receives, every saved statistic can be had without the
@@ -520,10 +536,11 @@ def _check_backward(entries: Mapping[str, OpEntry], source: str) -> None:
         if unused:
             raise where.at("grads").error(f"{decl.op}'s output(s) {', '.join(unused)} give no input a gradient")
         forward_params = [p.name for p in entry.params if p.name != CONSUME_INPUTS]
-        if [p.name for p in backward.params] != forward_params:
+        backward_params = [p.name for p in backward.params if p.name != SKIP_OUTPUTS]
+        if backward_params != forward_params:
             raise where.error(
-                f"{decl.op} takes params ({', '.join(p.name for p in backward.params)}); a backward op takes its "
-                f"forward's ({', '.join(forward_params)}), the same op instance's"
+                f"{decl.op} takes params ({', '.join(backward_params)}); a backward op takes its "
+                f"forward's ({', '.join(forward_params)}), the same op instance's, and may add {SKIP_OUTPUTS}"
             )
         if decl.in_place is not None:
             _check_in_place(entry, backward, entries.get(decl.in_place), where.at("in_place"))

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import OpArgumentError
 from ..row_views import is_row_view
-from .entries import OpEntry, ParamDecl, TensorDecl, param_value
+from .entries import SKIP_OUTPUTS, OpEntry, ParamDecl, TensorDecl, param_value
 from .overlap import overlapping
 from .quoting import shown
 from .shapes import given
@@ -112,6 +112,8 @@ class Signature:
             self._input_index[t.aliases or t.absent_without] if t.aliases or t.absent_without else None
             for t in entry.outputs
         )
+        #: The outputs a caller may skip (``skip_outputs``): those that may be absent.
+        self.skippable = tuple(t.name for t in entry.outputs if t.absent_without)
         self._single_output = len(entry.outputs) == 1
         self.writes = tuple(t.name for t in entry.inputs if t.written) + tuple(
             t.name for t in entry.outputs if not t.aliases
@@ -134,6 +136,12 @@ class Signature:
                 raise OpArgumentError(f"{self.op}: missing required param {decl.name!r}")
             else:
                 params[decl.name] = decl.default
+        unknown = sorted(set(params.get(SKIP_OUTPUTS, ())) - set(self.skippable))
+        if unknown:
+            raise OpArgumentError(
+                f"{self.op}: param {SKIP_OUTPUTS!r} expected outputs that may be absent "
+                f"({', '.join(self.skippable)}), got {', '.join(map(repr, unknown))}"
+            )
         for constraint in self.entry.constraints:
             if constraint.at_construction and not constraint.holds(params):
                 values = ", ".join(f"{k}={shown(v)}" for k, v in params.items())
@@ -262,16 +270,21 @@ class Signature:
                 return False
         return True
 
-    def absent_outputs(self, inputs: Sequence[Any]) -> tuple[bool, ...]:
-        """Per output: whether a call with ``inputs`` has it as None (it aliases, or is declared
-        ``absent_without``, an optional input the call leaves out)."""
-        return tuple(source is not None and inputs[source] is None for source in self._exists_with)
+    def absent_outputs(self, inputs: Sequence[Any], params: Mapping[str, Any]) -> tuple[bool, ...]:
+        """Per output: whether a call with ``inputs`` of an instance with ``params`` has it as
+        None (it aliases, or is declared ``absent_without``, an optional input the call leaves
+        out; or the instance skips it)."""
+        skipped = params.get(SKIP_OUTPUTS, ())
+        return tuple(
+            (source is not None and inputs[source] is None) or decl.name in skipped
+            for decl, source in zip(self.entry.outputs, self._exists_with)
+        )
 
-    def with_written_inputs(self, results: list, inputs: Sequence[Any]) -> list:
+    def with_written_inputs(self, results: list, inputs: Sequence[Any], params: Mapping[str, Any]) -> list:
         """``results`` (one per output) with each output that aliases a written input replaced by
         that input, and each absent output by None: a custom op returns placeholders for them,
         since its results are tensors that alias none of its arguments."""
-        for index, (alias, absent) in enumerate(zip(self._aliased, self.absent_outputs(inputs))):
+        for index, (alias, absent) in enumerate(zip(self._aliased, self.absent_outputs(inputs, params))):
             if absent:
                 results[index] = None
             elif alias is not None:
@@ -334,6 +347,11 @@ class Signature:
             if self._fits(index, item, call):
                 continue
             if call.output_shapes[index] is None:
+                if call.inputs[self._exists_with[index]] is not None:  # present: the instance skips it
+                    return (
+                        f"{self.op}: {producer} returned output {decl.name!r} as {type(item).__name__}; the op was "
+                        f"built with {SKIP_OUTPUTS} naming it, and it must be None"
+                    )
                 how = "aliases" if decl.aliases else "is absent without"
                 return (
                     f"{self.op}: {producer} returned output {decl.name!r} as {type(item).__name__}; it {how} input "
@@ -424,10 +442,11 @@ class Signature:
 
     def _output_layout(self, values: list, dims: dict, params: Mapping[str, Any]):
         shapes, dtypes = [], []
+        skipped = params.get(SKIP_OUTPUTS, ())
         for decl, source in zip(self.entry.outputs, self._exists_with):
-            if source is not None and values[source] is None:
+            if (source is not None and values[source] is None) or decl.name in skipped:
                 # An output that aliases (or is absent without) an optional input the call left
-                # out is None: no layout.
+                # out is None, as is one the instance skips: no layout.
                 shapes.append(None)
                 dtypes.append(None)
                 continue

@@ -23,6 +23,7 @@ from .interfaces import (
     FusedAddRMSNormFwdInterface,
     LayerNormBwdInterface,
     LayerNormFwdInterface,
+    NormBwdCall,
     NormCall,
     RMSNormBwdInterface,
     RMSNormFwdInterface,
@@ -35,9 +36,11 @@ class _TorchNorm(Kernel):
     takes_any_shape = True  # every function below works on the last dimension of any rank
     takes_row_views = True  # and on any strides (torch's own kernels copy where they need to)
 
-    def __init__(self, n: int, eps: float) -> None:
+    def __init__(self, n: int, eps: float, parameter_gradients: bool = True) -> None:
         super().__init__()
         self.n, self.eps = n, eps
+        #: Backward: whether the parameter gradients are summed (``NormBwdCall``'s).
+        self.parameter_gradients = parameter_gradients
         self.shape = (n,)
         self._units: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -74,11 +77,13 @@ class _TorchNorm(Kernel):
     # -- backward --------------------------------------------------------------------------
     def _gradients(self, dy, x, weight, mean, rstd, dresidual=None):
         """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias; mean None for RMSNorm,
-        whose dbias is None; dweight None where there is no weight (the sum is not taken). dbias
-        is always summed (the instance serves calls with and without a bias; the op drops it)."""
+        whose dbias is None; dweight None where there is no weight (the sum is not taken), and
+        both None where the parameter gradients are not wanted. dbias is otherwise always summed
+        (the instance serves calls with and without a bias; the op drops it)."""
         dy_w, x_w, weight_w, rstd = widened(dy), widened(x), widened(weight), rstd.unsqueeze(-1)
+        sums = self.parameter_gradients
         if mean is None:
-            dx, dweight, dbias = *self._rms_gradients(dy_w, x_w, weight_w, rstd), None
+            dx, dweight, dbias = *self._rms_gradients(dy_w, x_w, weight_w, rstd, sums and weight is not None), None
         else:
             # torch's own CPU kernel for LayerNorm's backward: 42 us on (512, 256) float32, against
             # 145 us for the same formula in a dozen elementwise ops. It needs a weight and a bias
@@ -86,25 +91,25 @@ class _TorchNorm(Kernel):
             ones, zeros = self._unit_parameters(x_w)
             dx, dweight, dbias = torch.ops.aten.native_layer_norm_backward(
                 dy_w, x_w, self.shape, mean.unsqueeze(-1), rstd, ones if weight is None else weight_w, zeros,
-                [True, weight is not None, True],
+                [True, sums and weight is not None, sums],
             )
         if dresidual is not None:
             dx = dx.add_(dresidual)  # dx is the kernel's own, in the compute dtype
         dtype = dy.dtype
-        return (as_dtype(dx, dtype), None if weight is None else as_dtype(dweight, dtype),
+        return (as_dtype(dx, dtype), None if dweight is None else as_dtype(dweight, dtype),
                 None if dbias is None else as_dtype(dbias, dtype))
 
-    def _rms_gradients(self, dy, x, weight, rstd):
+    def _rms_gradients(self, dy, x, weight, rstd, sum_weight: bool):
         """(dx, dweight) of y = x * rstd * weight, in as few passes as torch allows (torch has no
         CPU kernel for it): dx = rstd * (g - xhat * mean(g * xhat)), g = dy * weight; dweight
-        None without a weight."""
+        None unless ``sum_weight``."""
         xhat = x * rstd
         g = dy if weight is None else dy * weight
         projection = torch.linalg.vecdot(g, xhat).unsqueeze(-1).div_(self.n)
         # Products over temporaries of this function's own where there is one (g, unless it
         # is the caller's dy; then xhat, once dx has read it): no fresh tensor a step.
         dx = (torch.addcmul(g, xhat, projection, value=-1) if g is dy else g.addcmul_(xhat, projection, value=-1)).mul_(rstd)
-        return dx, None if weight is None else xhat.mul_(dy).reshape(-1, self.n).sum(0)
+        return dx, xhat.mul_(dy).reshape(-1, self.n).sum(0) if sum_weight else None
 
     def _unit_parameters(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A weight of ones and a bias of zeros, (n,) in ``like``'s dtype and on its device, made
@@ -154,24 +159,31 @@ class TorchCpuFusedAddLayerNorm(_TorchNorm, FusedAddLayerNormFwdInterface):
         return (y, total), saved
 
 
-class TorchCpuRMSNormBwd(_TorchNorm, RMSNormBwdInterface):
+class _TorchNormBwd(_TorchNorm):
+    @classmethod
+    def entry_for(cls, call: NormBwdCall):
+        key = (call.n, call.eps, call.parameter_gradients)
+        return key, lambda: cls(*key)
+
+
+class TorchCpuRMSNormBwd(_TorchNormBwd, RMSNormBwdInterface):
     def forward(self, dy, x, weight, rstd):
         dx, dweight, _ = self._gradients(dy, x, weight, None, rstd)
         return dx, dweight
 
 
-class TorchCpuLayerNormBwd(_TorchNorm, LayerNormBwdInterface):
+class TorchCpuLayerNormBwd(_TorchNormBwd, LayerNormBwdInterface):
     def forward(self, dy, x, weight, mean, rstd):
         return self._gradients(dy, x, weight, mean, rstd)
 
 
-class TorchCpuFusedAddRMSNormBwd(_TorchNorm, FusedAddRMSNormBwdInterface):
+class TorchCpuFusedAddRMSNormBwd(_TorchNormBwd, FusedAddRMSNormBwdInterface):
     def forward(self, dy, dresidual_sum, residual_sum, weight, rstd):
         dx, dweight, _ = self._gradients(dy, residual_sum, weight, None, rstd, dresidual_sum)
         return dx, dweight
 
 
-class TorchCpuFusedAddLayerNormBwd(_TorchNorm, FusedAddLayerNormBwdInterface):
+class TorchCpuFusedAddLayerNormBwd(_TorchNormBwd, FusedAddLayerNormBwdInterface):
     def forward(self, dy, dresidual_sum, residual_sum, weight, mean, rstd):
         return self._gradients(dy, residual_sum, weight, mean, rstd, dresidual_sum)
 

@@ -76,22 +76,31 @@ class FusedAddLayerNormCall(NormCall):
 
 
 @dataclasses.dataclass(frozen=True)
-class RMSNormBwdCall(NormCall):
+class NormBwdCall(NormCall):
+    """The facts of one backward call: a forward's, and ``parameter_gradients``, False where the
+    op skips every parameter gradient (built with ``skip_outputs``: the parameters are frozen),
+    so that none need be summed; the op's result is None for them whatever the kernel returns."""
+
+    parameter_gradients: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormBwdCall(NormBwdCall):
     """A call of ``RMSNormBwdInterface`` (``has_bias`` is always False)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerNormBwdCall(NormCall):
+class LayerNormBwdCall(NormBwdCall):
     """A call of ``LayerNormBwdInterface``."""
 
 
 @dataclasses.dataclass(frozen=True)
-class FusedAddRMSNormBwdCall(NormCall):
+class FusedAddRMSNormBwdCall(NormBwdCall):
     """A call of ``FusedAddRMSNormBwdInterface`` (``has_bias`` is always False)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class FusedAddLayerNormBwdCall(NormCall):
+class FusedAddLayerNormBwdCall(NormBwdCall):
     """A call of ``FusedAddLayerNormBwdInterface``."""
 
 
@@ -168,8 +177,9 @@ class FusedAddLayerNormFwdInterface(_NormFwdInterface):
 # Every backward takes its forward's saved statistics (given: the op computes any the forward
 # did not save before calling), accumulates in float32 and returns new tensors of dy's dtype:
 # the (m, n) gradient and the (n,) parameter gradients, summed over every row. Where the call
-# has no such parameter (the call spec's has_weight, has_bias) its gradient may be None, which
-# spares summing it; one returned anyway is dropped by the op, whose result is None there.
+# has no such parameter (the call spec's has_weight, has_bias), or wants none of their gradients
+# (NormBwdCall.parameter_gradients), a gradient may be None, which spares summing it; one returned anyway
+# is dropped by the op, whose result is None there.
 
 
 class RMSNormBwdInterface(KernelInterface):

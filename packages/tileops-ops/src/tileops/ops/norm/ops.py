@@ -53,12 +53,20 @@ class _NormOp(Op):
             dtype: torch.finfo(dtype).eps if given is None else given
             for dtype in self.manifest_entry().inputs[0].dtypes
         }
+        #: A backward op's parameter gradients it returns as None (built with skip_outputs).
+        self._skipped = frozenset(self.params.get("skip_outputs", ()))
+        skippable = set(self.signature().skippable)
+        # A backward call's kernel sums the parameter gradients unless every one is skipped (the
+        # sums over the rows are as much work as dx again on a frozen norm).
+        self._backward_facts = (bool(skippable - self._skipped),) if skippable else ()
 
     def call_spec(self, interface, device, dtype, has_weight, has_bias, aligned, row_strides=None):
         """The call spec ``kernel_for(interface, device, dtype, has_weight, has_bias, aligned[,
         row_strides])`` stands for: the forwards pass only what varies between calls; ``n`` and
         ``eps`` are the instance's."""
-        return interface.call_spec(device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides)
+        return interface.call_spec(
+            device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides, *self._backward_facts
+        )
 
     def _select(self, interface, has_weight: bool, has_bias: bool, first: torch.Tensor, *vectors: torch.Tensor | None):
         """The implementation of ``interface`` serving a call whose rows are ``first``'s, with
@@ -134,10 +142,11 @@ class _NormOp(Op):
         """A per-row statistic as a kernel takes it: like ``rows`` without its last dimension."""
         return statistic if rows is x else statistic.view(-1)
 
-    def _parameter(self, gradient: torch.Tensor | None, parameter: torch.Tensor | None) -> torch.Tensor | None:
-        """A kernel's (n,) gradient of ``parameter`` in the shape of normalized_shape; None where
-        the call has no such parameter (whatever the kernel returned for it)."""
-        if parameter is None:
+    def _parameter(self, gradient: torch.Tensor | None, parameter: torch.Tensor | None, name: str) -> torch.Tensor | None:
+        """A kernel's (n,) gradient of ``parameter`` (output ``name``) in the shape of
+        normalized_shape; None where the call has no such parameter or the op skips it
+        (whatever the kernel returned for it)."""
+        if parameter is None or name in self._skipped:
             return None
         return gradient if self._one_dim else gradient.view(self.params["normalized_shape"])
 
@@ -316,7 +325,8 @@ class FusedAddLayerNormFwdOp(_NormOp):
 # -- backward ops ------------------------------------------------------------------------------
 # Each takes its forward's params and returns the gradients its manifest entry declares. A
 # statistic the caller does not give (a target's forward saved none) is computed again from
-# the manifest's derive expression; the autograd wiring always gives them.
+# the manifest's derive expression; the autograd wiring always gives them. Built with
+# skip_outputs (the autograd wiring's, for frozen parameters), it returns None for those.
 
 
 class RMSNormBwdOp(_NormOp):
@@ -326,15 +336,17 @@ class RMSNormBwdOp(_NormOp):
     kernel_interfaces = (RMSNormBwdInterface,)
     in_tree_kernels = {RMSNormBwdInterface: IMPLEMENTATIONS[RMSNormBwdInterface]}
 
-    def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
-        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+    def __init__(
+        self, normalized_shape, eps: float | None = None, *, skip_outputs=(), target: str | None = None
+    ) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, skip_outputs=skip_outputs, target=target)
 
     def forward(self, dy, x, weight=None, rstd=None):
         if rstd is None:
             rstd = derive_input(self, "rstd", {"dy": dy, "x": x})
         kernel, rows, x_rows = self._backward_rows(RMSNormBwdInterface, False, dy, x, weight)
         dx, dweight = kernel.forward(rows, x_rows, self._vector(weight), self._row_statistic(rstd, rows, dy))
-        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight)
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight, "dweight")
 
 
 class LayerNormBwdOp(_NormOp):
@@ -345,8 +357,8 @@ class LayerNormBwdOp(_NormOp):
     kernel_interfaces = (LayerNormBwdInterface,)
     in_tree_kernels = {LayerNormBwdInterface: IMPLEMENTATIONS[LayerNormBwdInterface]}
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
-        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+    def __init__(self, normalized_shape, eps: float = 1e-5, *, skip_outputs=(), target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, skip_outputs=skip_outputs, target=target)
 
     def forward(self, dy, x, weight=None, bias=None, mean=None, rstd=None):
         if mean is None or rstd is None:
@@ -356,7 +368,7 @@ class LayerNormBwdOp(_NormOp):
             rows, x_rows, self._vector(weight),
             self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight), self._parameter(dbias, bias)
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight, "dweight"), self._parameter(dbias, bias, "dbias")
 
 
 class FusedAddRMSNormBwdOp(_NormOp):
@@ -368,8 +380,10 @@ class FusedAddRMSNormBwdOp(_NormOp):
     kernel_interfaces = (FusedAddRMSNormBwdInterface,)
     in_tree_kernels = {FusedAddRMSNormBwdInterface: IMPLEMENTATIONS[FusedAddRMSNormBwdInterface]}
 
-    def __init__(self, normalized_shape, eps: float | None = None, *, target: str | None = None) -> None:
-        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+    def __init__(
+        self, normalized_shape, eps: float | None = None, *, skip_outputs=(), target: str | None = None
+    ) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, skip_outputs=skip_outputs, target=target)
 
     def forward(self, dy, dresidual_sum, residual_sum, weight=None, rstd=None):
         kernel = self._select(FusedAddRMSNormBwdInterface, weight is not None, False, dy, dresidual_sum, residual_sum, weight)
@@ -380,7 +394,7 @@ class FusedAddRMSNormBwdOp(_NormOp):
             rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
             self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight)
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight, "dweight")
 
 
 class FusedAddLayerNormBwdOp(_NormOp):
@@ -392,8 +406,8 @@ class FusedAddLayerNormBwdOp(_NormOp):
     kernel_interfaces = (FusedAddLayerNormBwdInterface,)
     in_tree_kernels = {FusedAddLayerNormBwdInterface: IMPLEMENTATIONS[FusedAddLayerNormBwdInterface]}
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, *, target: str | None = None) -> None:
-        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target)
+    def __init__(self, normalized_shape, eps: float = 1e-5, *, skip_outputs=(), target: str | None = None) -> None:
+        super().__init__(normalized_shape=normalized_shape, eps=eps, skip_outputs=skip_outputs, target=target)
 
     def forward(self, dy, dresidual_sum, residual_sum, weight=None, bias=None, mean=None, rstd=None):
         kernel = self._select(FusedAddLayerNormBwdInterface, weight is not None, bias is not None, dy, dresidual_sum, residual_sum, weight)
@@ -404,4 +418,4 @@ class FusedAddLayerNormBwdOp(_NormOp):
             rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
             self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight), self._parameter(dbias, bias)
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight, "dweight"), self._parameter(dbias, bias, "dbias")

@@ -9,8 +9,9 @@ kernel writes dx and per-slot float32 partial sums of dweight (and dbias), the r
 those and casts them. The partials are a declared output of the kernel, dropped from what
 ``forward`` returns. A call of one row runs the row kernel's ``direct`` build alone, which
 writes dweight (and dbias) itself: a second launch would cost as much as the row (built at the
-first such call). A call with neither weight nor bias runs the row kernel alone, built without
-column sums: it returns None for them, as the op does.
+first such call). A call with neither weight nor bias, or that wants no parameter gradient (the
+parameters are frozen: ``NormBwdCall.parameter_gradients``), runs the row kernel alone, built
+without column sums: it returns None for them, as the op does.
 
 The kernels take dy, x (or the residual sum) and dresidual_sum in the caller's shape, (..., n),
 and the statistics in x's leading shape: ``forward`` views them as rows. x may be a row view
@@ -32,7 +33,7 @@ from tileops.ops.norm import (
     FusedAddLayerNormBwdInterface,
     FusedAddRMSNormBwdInterface,
     LayerNormBwdInterface,
-    NormCall,
+    NormBwdCall,
     RMSNormBwdInterface,
 )
 
@@ -50,7 +51,7 @@ class _Params:
     """What a backward kernel's outputs are sized from: the call, its launch configuration and
     the SM count of its device."""
 
-    call: NormCall
+    call: NormBwdCall
     kind: str
     config: dict
     sm_count: int
@@ -80,19 +81,20 @@ class _TileLangNormBwd(TileLangKernel):
     takes_row_views = True
     ranks_built_eagerly = (2,)  # forward views every call as rows: rank 2 is the only one
 
-    def __init__(self, call: NormCall) -> None:
+    def __init__(self, call: NormBwdCall) -> None:
         per_block = shared_memory_per_block(call.device)
         config = policy.launch_config(self.kind, self.variant, call.n, call.dtype, shared_per_block=per_block)
-        #: Whether the call has a parameter to differentiate: without, the row kernel writes dx
-        #: alone (no partials, no reduce kernel) and the op's parameter gradients are None.
-        self.column_sums = call.has_weight or call.has_bias
+        #: Whether the call has a parameter to differentiate: without (or with frozen ones), the
+        #: row kernel writes dx alone (no partials, no reduce kernel) and the op's parameter
+        #: gradients are None.
+        self.column_sums = (call.has_weight or call.has_bias) and call.parameter_gradients
         if not self.column_sums:
             self.outputs = (_DX,)
         super().__init__(call.device, _Params(call, self.kind, config, sm_count(facts_for(call.device))))
 
     def identity(self) -> tuple:
         call = self.params.call
-        return (self.variant, call.n, call.dtype, call.has_weight, call.has_bias, call.row_strides)
+        return (self.variant, call.n, call.dtype, call.has_weight, call.has_bias, call.row_strides, call.parameter_gradients)
 
     def default_config(self) -> dict[str, Any]:
         return dict(self.params.config)
@@ -160,12 +162,12 @@ class _TileLangNormBwd(TileLangKernel):
         return (dx.view(shape), *sums)
 
     @classmethod
-    def refusal(cls, call: NormCall) -> str | None:
+    def refusal(cls, call: NormBwdCall) -> str | None:
         return policy.refusal(cls.kind, cls.variant, call.n, call.dtype, call.aligned, shared_memory_per_block(call.device))
 
     @classmethod
-    def entry_for(cls, call: NormCall):
-        identity = (call.device, call.n, call.dtype, call.has_weight, call.has_bias, call.row_strides)
+    def entry_for(cls, call: NormBwdCall):
+        identity = (call.device, call.n, call.dtype, call.has_weight, call.has_bias, call.row_strides, call.parameter_gradients)
         return identity, lambda: cls(call)
 
 
