@@ -64,11 +64,32 @@ def test_a_softmax_forward_row_of_512_threads_or_more_takes_half_of_them_and_kee
         return
     kept = policy.launch_config("register", n, dtype, aligned)
     config = policy.launch_config("register", n, dtype, aligned, softmax_forward=True)
-    if kept["threads"] // kept["rows"] < 512:  # narrower rows: as the others' (kept exponentials)
+    if kept["threads"] // kept["rows"] < 512 or not aligned:  # narrower rows, element-wise accesses: kept exponentials
         assert config == kept
         return
     assert config == {**kept, "threads": kept["threads"] // 2, "keep": False}
     assert -(-n // config["vec"] // config["threads"]) * config["vec"] <= 64  # the most a thread holds
+
+
+H100 = DeviceFacts("cuda", 90, 132, 227 * 1024, "H100", threads_per_sm=2048, l2_bytes=50 * 2**20)
+H200 = DeviceFacts("cuda", 90, 132, 227 * 1024, "H200", threads_per_sm=2048, l2_bytes=60 * 2**20)
+
+
+def test_a_streamed_softmax_forward_takes_512_thread_blocks_where_the_rows_they_hold_fit_in_l2():
+    def threads(n, dtype, facts, softmax_forward=True):
+        config = policy.launch_config("streamed", n, dtype, True, softmax_forward=softmax_forward, facts=facts)
+        return config["threads"], config["unroll"]
+
+    # 132 SMs x 4 blocks of 512 threads: rows of up to 97 KiB on 50 MiB of L2, 116 KiB on 60.
+    assert threads(40000, torch.bfloat16, H100) == threads(36000, torch.float16, H100) == (512, 8)
+    assert threads(50304, torch.bfloat16, H100) == (1024, 4) and threads(50304, torch.bfloat16, H200) == (512, 8)
+    assert threads(100000, torch.bfloat16, H200) == threads(40000, torch.float32, H200) == (1024, 4)
+    # Unknown facts, a log-softmax or a backward (not measured): the 1024-thread blocks.
+    assert threads(40000, torch.bfloat16, None) == threads(40000, torch.bfloat16, H100, softmax_forward=False) == (1024, 4)
+    # Tuning times the other block sizes beside it, each once.
+    candidates = policy.tuning_candidates("streamed", 40000, torch.bfloat16, True, softmax_forward=True, facts=H100)
+    assert candidates[0]["threads"] == 512 and len(candidates) == 4
+    assert {(c["threads"], c["unroll"]) for c in candidates} == {(512, 8), (1024, 4), (512, 4), (1024, 2)}
 
 
 def test_the_split_build_gives_one_row_about_two_blocks_per_sm_in_chunks_of_16_kib():

@@ -42,7 +42,8 @@ class _TileLangSoftmax(TileLangKernel):
     ranks_built_eagerly = (2,)  # the interfaces take (m, n) rows: compiled with the kernel
 
     def __init__(self, call: SoftmaxCall) -> None:
-        self.sm_count = sm_count(facts_for(call.device))
+        self.facts = facts_for(call.device)
+        self.sm_count = sm_count(self.facts)
         # y like x (allocated by the C++ launch path) where nothing differs but the values; the
         # streamed kernels' split build launches twice from Python, so they allocate in Python.
         if self.variant == "register" and call.out_dtype == call.dtype:
@@ -65,11 +66,15 @@ class _TileLangSoftmax(TileLangKernel):
 
     def default_config(self) -> dict[str, Any]:
         call = self.params
-        return policy.launch_config(self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward)
+        return policy.launch_config(
+            self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward, facts=self.facts
+        )
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
         call = self.params
-        return policy.tuning_candidates(self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward)
+        return policy.tuning_candidates(
+            self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward, facts=self.facts
+        )
 
     @property
     def _softmax_forward(self) -> bool:

@@ -12,7 +12,9 @@ Which variant serves a call (refusals; selection takes the first that does not r
 * ``streamed`` serves every longer row: an online pass and a write pass over the row, the second
   reading it from L2 (one 1024-thread block per row keeps 64 KiB in flight per SM, about what
   the copy bandwidth needs with HBM's latency, and at most 132 x 2 rows of 256 KiB, 68 MB, stay
-  on chip between the passes; the split below keeps them smaller).
+  on chip between the passes; the split below keeps them smaller). A softmax forward whose
+  rows are short enough that four 512-thread blocks per SM keep theirs in L2 takes those
+  (``launch_config``).
 
 Builds chosen per call by the row count (x's size; n is fixed per kernel):
 
@@ -38,6 +40,8 @@ from typing import Any
 
 import torch
 
+from tileops.core import DeviceFacts
+
 from ..powers import pow2_ceil
 from . import programs
 
@@ -52,6 +56,8 @@ _MIN_BLOCK_THREADS = 128
 #: A softmax forward row this wide (threads at the default elements per thread) or wider takes
 #: half the threads without kept exponentials (``launch_config``).
 _RECOMPUTED_FROM_THREADS = 512
+#: The streamed softmax forward's blocks where the rows they hold at once fit in L2.
+_STREAMED_SHORT_THREADS, _STREAMED_SHORT_UNROLL = 512, 8
 _STREAMED_THREADS = 1024
 _STREAMED_UNROLL = 4
 #: A split chunk is at least this many bytes (256 threads x 16 bytes x 4 accesses): smaller
@@ -76,18 +82,22 @@ def refusal(variant: str, n: int, dtype: torch.dtype, out_dtype: torch.dtype) ->
 
 
 def launch_config(
-    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False
+    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False,
+    facts: DeviceFacts | None = None,
 ) -> dict[str, Any]:
     """The main build's configuration (``programs.make_program``'s keywords) before tuning.
     ``softmax_forward``: the build is a softmax forward's (not a log-softmax's, not a
-    backward's), whose threads would keep a float32 exponential per element for the write."""
+    backward's), whose threads would keep a float32 exponential per element for the write;
+    ``facts``: the GPU's (its SMs and L2 tell the streamed forward's block size; unknown: none)."""
     vec = programs.vector_width(dtype, aligned)
     accesses = n // vec
     if variant == "register":
         # About four accesses per thread, at most 32 elements, at most 1024 threads per row.
         per_thread = _ACCESSES_PER_THREAD if vec > 1 else _ACCESSES_PER_THREAD * 4
         tpr = min(pow2_ceil(math.ceil(accesses / per_thread)), programs.MAX_THREADS)
-        if softmax_forward and tpr >= _RECOMPUTED_FROM_THREADS:
+        # (Element-wise accesses excepted: 64 of them a thread ran 15 % slower than 32, 1000 x
+        # 30001 bfloat16 on an H100.)
+        if softmax_forward and tpr >= _RECOMPUTED_FROM_THREADS and vec > 1:
             # Kept exponentials (a float32 register per element) leave room for at most two
             # blocks of 512 threads per SM, one of 1024. Half the threads, each holding twice
             # the elements and computing each exponential again for the write (one exp2), take
@@ -100,7 +110,24 @@ def launch_config(
             return {"variant": "register", "vec": vec, "threads": tpr // 2, "rows": 1, "keep": False}
         rows = max(1, _MIN_BLOCK_THREADS // tpr)
         return {"variant": "register", "vec": vec, "threads": tpr * rows, "rows": rows}
+    if softmax_forward and _short_rows_stay_in_l2(n * dtype.itemsize, facts):
+        # Four 512-thread blocks per SM keep as much in flight as two of 1024, and start a
+        # row's second pass while another's first runs, as long as the L2 still holds each row
+        # for its second pass. Measured on an H100 (50 MiB of L2: rows of up to 97 KiB), GPU
+        # time of 1024 x 4 -> 512 x 8: 3000 x 40000 bfloat16 213 -> 169 us, 2000 x 36000
+        # float16 137 -> 105; longer rows, which the rule leaves alone, won at 98 KiB too (1500
+        # x 50304 bfloat16 126 -> 109 us), tied at 128 KiB (1024 x 65536 bfloat16 97.8 / 97.4)
+        # and lost at 200 KiB (600 x 100000 96 -> 120 us), where the rows no longer fit.
+        return {"variant": "streamed", "vec": vec, "threads": _STREAMED_SHORT_THREADS, "unroll": _STREAMED_SHORT_UNROLL}
     return {"variant": "streamed", "vec": vec, "threads": _STREAMED_THREADS, "unroll": _STREAMED_UNROLL}
+
+
+def _short_rows_stay_in_l2(row_bytes: int, facts: DeviceFacts | None) -> bool:
+    """Whether the rows of every 512-thread block the GPU runs at once fit in its L2 together."""
+    if facts is None or not (facts.l2_bytes and facts.sm_count and facts.threads_per_sm):
+        return False
+    resident = facts.sm_count * (facts.threads_per_sm // _STREAMED_SHORT_THREADS)
+    return resident * row_bytes <= facts.l2_bytes
 
 
 def split_rows(sm_count: int) -> int:
@@ -138,7 +165,8 @@ def split_candidates(n: int, dtype: torch.dtype, split: dict[str, Any]) -> list[
 
 
 def tuning_candidates(
-    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False
+    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False,
+    facts: DeviceFacts | None = None,
 ) -> list[dict[str, Any]]:
     """Main-build configurations worth timing, the default first: half and twice the threads
     per row (register), or 512 threads and other unrolls (streamed).
@@ -146,7 +174,7 @@ def tuning_candidates(
     A register thread holds at most 64 elements; past 32 (a 16-bit row's default is four
     16-byte accesses, 32 elements, a thread) it keeps no exponentials (``keep=False``), and at
     32 or fewer it keeps them (a softmax forward's; ``keep`` means nothing to the others)."""
-    default = launch_config(variant, n, dtype, aligned, softmax_forward=softmax_forward)
+    default = launch_config(variant, n, dtype, aligned, softmax_forward=softmax_forward, facts=facts)
     candidates = [default]
     if variant == "register":
         tpr = default["threads"] // default["rows"]
@@ -160,8 +188,10 @@ def tuning_candidates(
                     candidate["keep"] = False
                 candidates.append(candidate)
     else:
-        for threads, unroll in ((512, 4), (1024, 2), (512, 8)):
-            candidates.append({**default, "threads": threads, "unroll": unroll})
+        for threads, unroll in ((1024, 4), (512, 4), (1024, 2), (512, 8)):
+            candidate = {**default, "threads": threads, "unroll": unroll}
+            if candidate not in candidates:
+                candidates.append(candidate)
     return candidates
 
 
