@@ -51,27 +51,34 @@ def _inputs(op_class, shape, dtype):
     return [t.requires_grad_() for t in tensors]
 
 
-@pytest.mark.parametrize("op_class", FORWARD_OPS, ids=lambda c: c.__name__)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("shape", [(1, 4096), (3, 1000), (129, 5120), (2, 33, 2048), (4, 65536)], ids=str)
-def test_gradients_on_the_tilelang_kernels_match_float64_autograd(op_class, dtype, shape):
-    n = shape[-1]
-    op = op_class(n)
-    inputs = _inputs(op_class, shape, dtype)
-    reference = [t.detach().cpu().double().requires_grad_() for t in inputs]
+def _backward_matches_float64_autograd(op, inputs):
+    """One backward through ``op`` against float64 torch autograd on the CPU: each input's
+    gradient within its dtype's tolerance, and None where the reference's is (frozen)."""
+    n = inputs[0].shape[-1]
+    reference = [t.detach().cpu().double().requires_grad_(t.requires_grad) for t in inputs]
     outputs = op(*inputs)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     grads = [torch.randn_like(o) for o in outputs]
     torch.autograd.backward(outputs, grads)
-    expected = _reference(op_class, n)(*reference)
+    expected = _reference(type(op), n)(*reference)
     expected = expected if isinstance(expected, tuple) else (expected,)
     torch.autograd.backward(expected, [g.cpu().double() for g in grads])
-    tolerance = TOLERANCE[dtype]
+    tolerance = TOLERANCE[inputs[0].dtype]
     rows = inputs[0].numel() // n
     for got, want in zip(inputs, reference):
-        # A parameter gradient sums over the rows: its absolute tolerance grows with their root.
-        scale = rows**0.5 if got.dim() == 1 else 1.0
-        torch.testing.assert_close(got.grad.cpu().double(), want.grad, atol=tolerance * scale, rtol=tolerance)
+        assert (got.grad is None) == (want.grad is None)
+        if want.grad is not None:
+            # A parameter gradient sums over the rows: its absolute tolerance grows with their root.
+            scale = rows**0.5 if got.dim() == 1 else 1.0
+            torch.testing.assert_close(got.grad.cpu().double(), want.grad, atol=tolerance * scale, rtol=tolerance)
+
+
+@pytest.mark.parametrize("op_class", FORWARD_OPS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(1, 4096), (3, 1000), (129, 5120), (2, 33, 2048), (4, 65536)], ids=str)
+def test_gradients_on_the_tilelang_kernels_match_float64_autograd(op_class, dtype, shape):
+    op = op_class(shape[-1])
+    _backward_matches_float64_autograd(op, _inputs(op_class, shape, dtype))
     # The forward ran a TileLang kernel (which saved the statistics) and so did the backward.
     assert all(key not in {"torch_cpu", "torch_float64"} for key, _ in op.built_kernels())
     assert [key for key, _ in op.backward_op.built_kernels()] and all(
@@ -84,26 +91,11 @@ def test_gradients_on_the_tilelang_kernels_match_float64_autograd(op_class, dtyp
 def test_frozen_parameters_train_the_rest_on_the_row_kernel_alone(op_class, shape):
     # LoRA freezes the norms' parameters: the backward kernel reads the weight for dx and sums
     # nothing.
-    n = shape[-1]
-    op = op_class(n)
+    op = op_class(shape[-1])
     inputs = _inputs(op_class, shape, torch.bfloat16)
     for parameter in inputs[-2 if "LayerNorm" in op_class.__name__ else -1:]:
         parameter.requires_grad_(False)
-    reference = [t.detach().cpu().double().requires_grad_(t.requires_grad) for t in inputs]
-    outputs = op(*inputs)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    grads = [torch.randn_like(o) for o in outputs]
-    torch.autograd.backward(outputs, grads)
-    expected = _reference(op_class, n)(*reference)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    torch.autograd.backward(expected, [g.cpu().double() for g in grads])
-    tolerance = TOLERANCE[torch.bfloat16]
-    rows = inputs[0].numel() // n
-    for got, want in zip(inputs, reference):
-        assert (got.grad is None) == (want.grad is None)
-        if want.grad is not None:
-            scale = rows**0.5 if got.dim() == 1 else 1.0
-            torch.testing.assert_close(got.grad.cpu().double(), want.grad, atol=tolerance * scale, rtol=tolerance)
+    _backward_matches_float64_autograd(op, inputs)
     skipping = op.backward_op_for([t.requires_grad for t in inputs], [True] * len(inputs))
     assert not op.backward_op.built_kernels() and all(
         key.endswith(("_bwd", "_bwd_streamed", "_bwd_scalar")) for key, _ in skipping.built_kernels()
