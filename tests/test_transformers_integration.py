@@ -615,6 +615,34 @@ def test_the_compiled_patched_model_trains_in_one_graph():
     torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad)
 
 
+def test_under_torch_compile_the_attention_of_a_call_without_padding_runs_on_the_op_not_sdpa():
+    # transformers' own mask builder builds a causal mask whenever it is traced on torch before
+    # 2.14 (tools/torch-floor.sh runs this test on the floor, 2.11), which would send every
+    # compiled attention call to sdpa; the "tileops" builder builds none for a causal call
+    # without padding, as transformers does eagerly.
+    reference, model, _ = patched_pair("llama")
+    graphs = []
+
+    def recording(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    ids = tokens()
+    logits = torch.compile(model, backend=recording, fullgraph=True)(ids).logits
+    torch.testing.assert_close(logits, reference(ids).logits)
+    targets = [str(node.target) for graph in graphs for node in graph.graph.nodes if node.op == "call_function"]
+    assert sum("AttentionFwdOp" in target for target in targets) == TINY["num_hidden_layers"], targets
+    assert not [target for target in targets if "scaled_dot_product" in target]
+    # With padding (a mask that hides keys) the call still goes to sdpa, compiled or not.
+    graphs.clear()
+    padding = torch.ones_like(ids)
+    padding[0, :3] = 0
+    logits = torch.compile(model, backend=recording, fullgraph=True)(ids, attention_mask=padding).logits
+    torch.testing.assert_close(logits[1], reference(ids, attention_mask=padding).logits[1])
+    targets = [str(node.target) for graph in graphs for node in graph.graph.nodes if node.op == "call_function"]
+    assert [target for target in targets if "scaled_dot_product" in target]
+
+
 def test_the_rotating_forward_reads_globals_no_compiler_takes_for_its_modules():
     # torch.compile up to 2.11 resolves globals that carry a module's __name__ through that
     # module: it guarded the patched rotation on the module's own function and failed on CUDA.

@@ -14,8 +14,10 @@ cd "$(dirname "$0")/.."
 floor=$(sed -n 's/.*"torch>=\([0-9][0-9.]*\)".*/\1/p' packages/tileops-core/pyproject.toml)
 [ -n "$floor" ] || { echo "tools/torch-floor.sh: no torch>=X.Y in packages/tileops-core/pyproject.toml" >&2; exit 2; }
 # Eager calls (every op, every workload, against the manifest's reference), torch.compile (with
-# the eager-versus-compiled property test), the docs' examples, and the template's own tests.
-subset=(tests/test_norm_ops.py tests/test_compile.py tests/test_docs.py packages/tileops-acme-template/tests)
+# the eager-versus-compiled property test), the docs' examples, the template's own tests, and a
+# compiled transformers model's attention (torch before 2.14 makes transformers build a mask).
+subset=(tests/test_norm_ops.py tests/test_compile.py tests/test_docs.py packages/tileops-acme-template/tests
+        tests/test_transformers_integration.py::test_under_torch_compile_the_attention_of_a_call_without_padding_runs_on_the_op_not_sdpa)
 [ "$#" -gt 0 ] && subset=("$@")
 
 work=$(mktemp -d)

@@ -1,21 +1,23 @@
 """Attention and the rotary embedding in transformers models, on TileOPs.
 
 **Attention** joins transformers' attention-function registry as the implementation named
-``"tileops"`` (``register()`` adds it to ``AttentionInterface`` and, with transformers' SDPA mask
-builder, to ``AttentionMaskInterface``); ``apply()`` sets the model's ``_attn_implementation`` to it
-and hands each attention module the ``AttentionFwdOp`` instances it calls (ops are built outside
-``torch.compile``'s trace). The function takes what transformers' ``sdpa`` function takes and
-computes, on the op, what it computes where no mask tensor is given: the mask builder gives none
-for a causal call without padding (training, a prefill, a decode step of one token per sequence
-over a ``DynamicCache``). The op's causal mask is aligned to the bottom right, so a query's row
-sees the keys of the tokens before it in the cache. A decode step (one query per sequence over
-keys the cache holds contiguously, heads first) runs on ``DecodeAttentionFwdOp`` over the cache
-as it is (``cache_layout="bhsd"``), every sequence's length the keys' count: its kernels read a
-kv head's keys once for the query heads of its group, where ``AttentionFwdOp`` reads them for
-each. A decode step's boolean mask (padding, a static cache's unfilled rows: its one row is what
-the query sees) becomes the decode op's key mask. Where the call cannot be expressed by the op,
-``attention()`` calls transformers' ``sdpa`` function instead, for that call, and the result is
-the same as unpatched:
+``"tileops"`` (``register()`` adds it to ``AttentionInterface``, and ``attention_mask`` to
+``AttentionMaskInterface``: transformers' SDPA mask builder, which builds no mask for a causal
+call without padding whose queries are all the keys' tokens or one, under ``torch.compile`` too);
+``apply()`` sets the model's ``_attn_implementation`` to it and hands each attention module the
+``AttentionFwdOp`` instances it calls (ops are built outside ``torch.compile``'s trace). The
+function takes what transformers' ``sdpa`` function takes and computes, on the op, what it
+computes where no mask tensor is given: the mask builder gives none for a causal call without
+padding (training, a prefill, a decode step of one token per sequence over a ``DynamicCache``).
+The op's causal mask is aligned to the bottom right, so a query's row sees the keys of the tokens
+before it in the cache. A decode step (one query per sequence over keys the cache holds
+contiguously, heads first) runs on ``DecodeAttentionFwdOp`` over the cache as it is
+(``cache_layout="bhsd"``), every sequence's length the keys' count: its kernels read a kv head's
+keys once for the query heads of its group, where ``AttentionFwdOp`` reads them for each. A decode
+step's boolean mask (padding, a static cache's unfilled rows: its one row is what the query sees)
+becomes the decode op's key mask. Where the call cannot be expressed by the op, ``attention()``
+calls transformers' ``sdpa`` function instead, for that call, and the result is the same as
+unpatched:
 
 * a mask tensor, but for a decode step's (padding in a batch, packed sequences; an additive or
   per-head mask): the ops take no arbitrary mask;
@@ -64,12 +66,31 @@ def register() -> None:
     """Add ``"tileops"`` to transformers' attention functions and mask builders (idempotent)."""
     global _sdpa
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     if _sdpa is None:
         _sdpa = AttentionInterface._global_mapping[STANDS_IN_FOR]
     AttentionInterface.register(IMPLEMENTATION, attention)
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(IMPLEMENTATION, attention_mask)
+
+
+def attention_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """transformers' SDPA mask builder, which builds no mask (None) for a causal call without
+    padding whose queries are all the keys' tokens or one (a training step, a prefill, a decode
+    step over a cache that holds only its sequence's keys), as that builder does eagerly: the op's
+    own causal mask is that call's. Under ``torch.compile`` on torch before 2.14 transformers'
+    builder cannot tell such a call from an exported one and builds the mask, which would send
+    every compiled call to sdpa (a 1.2B Llama's compiled training step ran cuDNN's attention
+    through SDPA, 31 ms of its GPU time, where TileOPs' took 16 ms). Arguments are keywords, as
+    transformers passes them (earlier releases pass ``cache_position``, as long as the queries, for ``q_length``)."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    if not args and kwargs.get("allow_is_causal_skip", True) and kwargs.get("attention_mask") is None:
+        q_length = kwargs["q_length"] if "q_length" in kwargs else kwargs["cache_position"].shape[0]
+        if (kwargs.get("mask_function") is causal_mask_function and kwargs.get("local_size") is None
+                and (q_length == 1 or q_length == kwargs["kv_length"])):
+            return None
+    return sdpa_mask(*args, **kwargs)
 
 
 class AttentionOps:
