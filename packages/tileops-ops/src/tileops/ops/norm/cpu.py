@@ -160,6 +160,9 @@ class TorchCpuFusedAddLayerNorm(_TorchNorm, FusedAddLayerNormFwdInterface):
 
 
 class _TorchNormBwd(_TorchNorm):
+    """The backward implementations: an instance per row length, eps and whether the call sums
+    the parameter gradients."""
+
     @classmethod
     def entry_for(cls, call: NormBwdCall):
         key = (call.n, call.eps, call.parameter_gradients)

@@ -56,16 +56,17 @@ class _NormOp(Op):
         #: A backward op's parameter gradients it returns as None (built with skip_outputs).
         self._skipped = frozenset(self.params.get("skip_outputs", ()))
         skippable = set(self.signature().skippable)
-        # A backward call's kernel sums the parameter gradients unless every one is skipped (the
-        # sums over the rows are as much work as dx again on a frozen norm).
-        self._backward_facts = (bool(skippable - self._skipped),) if skippable else ()
+        # What a backward op's call spec adds to a forward's (NormBwdCall.parameter_gradients):
+        # its kernel sums the parameter gradients unless every one is skipped (the sums over the
+        # rows are as much work as dx again on a frozen norm).
+        self._backward_spec_fields = (bool(skippable - self._skipped),) if skippable else ()
 
     def call_spec(self, interface, device, dtype, has_weight, has_bias, aligned, row_strides=None):
         """The call spec ``kernel_for(interface, device, dtype, has_weight, has_bias, aligned[,
         row_strides])`` stands for: the forwards pass only what varies between calls; ``n`` and
         ``eps`` are the instance's."""
         return interface.call_spec(
-            device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides, *self._backward_facts
+            device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides, *self._backward_spec_fields
         )
 
     def _select(self, interface, has_weight: bool, has_bias: bool, first: torch.Tensor, *vectors: torch.Tensor | None):
