@@ -192,7 +192,7 @@ dtype = getattr(torch, dtype)
 assert policy.refusal(kind, variant, n, dtype, True) is None
 target = {{"kind": "cuda", "arch": "sm_90"}}
 config = policy.launch_config(kind, variant, n, dtype)
-if mode[0] == "no_sums":  # no weight and bias, or frozen ones: dx alone, no partials
+if mode[:1] == ["no_sums"]:  # no weight and bias, or frozen ones: dx alone, no partials
     has_weight = mode == ["no_sums", "frozen"]
     rows = programs.compile_row_kernel(kind, n, dtype, has_weight, target, **config, column_sums=False).get_kernel_source()
     assert "__global__" in rows and "partial" not in rows, "a call with no parameter to sum writes no partial sums"
