@@ -86,9 +86,11 @@ def attention_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     if not args and kwargs.get("allow_is_causal_skip", True) and kwargs.get("attention_mask") is None:
-        q_length = kwargs["q_length"] if "q_length" in kwargs else kwargs["cache_position"].shape[0]
-        if (kwargs.get("mask_function") is causal_mask_function and kwargs.get("local_size") is None
-                and (q_length == 1 or q_length == kwargs["kv_length"])):
+        positions = kwargs.get("cache_position")
+        q_length = kwargs.get("q_length", None if positions is None else positions.shape[0])
+        # (A release that names them otherwise gets transformers' builder, as unpatched.)
+        if (q_length is not None and kwargs.get("mask_function") is causal_mask_function
+                and kwargs.get("local_size") is None and (q_length == 1 or q_length == kwargs.get("kv_length"))):
             return None
     return sdpa_mask(*args, **kwargs)
 
