@@ -404,3 +404,39 @@ def test_a_backend_kernel_type_for_the_backward_interface_serves_the_backward_ca
     x2, w2 = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
     F.rms_norm(x2, (300,), w2, torch.finfo(torch.float32).eps).sum().backward()
     torch.testing.assert_close(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_backend_kernel_that_sums_a_frozen_weight_anyway_leaves_it_without_a_gradient(scoped_registry, compiled):
+    # A backend's kernel may ignore the call spec's parameter_gradients and sum dweight all the
+    # same: the op's result is None there, as it declares, and the weight gets no .grad.
+    specs = []
+
+    class AlwaysSums(Kernel, RMSNormBwdInterface):
+        devices = frozenset({"cpu"})
+
+        @classmethod
+        def entry_for(cls, call):
+            specs.append(call)
+            return (call.n, call.eps), lambda: cls(call.n, call.eps)
+
+        def __init__(self, n, eps):
+            super().__init__()
+            self.reference = TorchCpuRMSNormBwd(n, eps)  # sums the weight's gradient: built without the flag
+
+        def forward(self, dy, x, weight, rstd):
+            dx, dweight = self.reference.forward(dy, x, weight, rstd)
+            assert dweight is not None
+            return dx, dweight
+
+    register_kernel_type("RMSNormBwdOp", "always_sums", AlwaysSums)
+    op = RMSNormFwdOp(64)
+    x, weight = torch.randn(4, 64, requires_grad=True), torch.randn(64)
+    step = torch.compile(lambda x, weight: op(x, weight).sum(), fullgraph=True) if compiled else lambda x, weight: op(x, weight).sum()
+    step(x, weight).backward()
+    x2 = x.detach().clone().requires_grad_()
+    F.rms_norm(x2, (64,), weight, torch.finfo(torch.float32).eps).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    assert weight.grad is None
+    assert [spec.parameter_gradients for spec in specs] == [False]
+    assert op.backward_op_for([True, False], [True, True])(torch.ones(4, 64), x.detach(), weight)[1] is None

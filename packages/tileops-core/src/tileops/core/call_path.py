@@ -340,6 +340,11 @@ def compile_call_path(signature: Signature, params: Mapping[str, Any]):
     w.emit("if not _runs_forward:", 1)
     w.emit(f"return _run_bound({bound})", 2)
     w.emit(f"_r = _forward({inputs}) if _outs is _NO_OUTS else _forward({inputs}**_outs)", 1)
+    if skipped:
+        # The instance's result is None for a skipped output whatever the implementation
+        # returned there (Op._without_skipped on the other paths).
+        kept = [f"_r[{i}]" if decl.name not in skipped else "None" for i, decl in enumerate(entry.outputs)]
+        w.emit(f"if type(_r) is tuple and len(_r) == {len(kept)}: _r = ({', '.join(kept)},)", 1)
     w.emit("if _trusted: return _r", 1)
     def fits(r: str, decl: TensorDecl, shape: str, dtype: str) -> str:
         if decl.name in skipped:

@@ -442,11 +442,8 @@ class Signature:
 
     def _output_layout(self, values: list, dims: dict, params: Mapping[str, Any]):
         shapes, dtypes = [], []
-        skipped = params.get(SKIP_OUTPUTS, ())
-        for decl, source in zip(self.entry.outputs, self._exists_with):
-            if (source is not None and values[source] is None) or decl.name in skipped:
-                # An output that aliases (or is absent without) an optional input the call left
-                # out is None, as is one the instance skips: no layout.
+        for decl, absent in zip(self.entry.outputs, self.absent_outputs(values, params)):
+            if absent:  # None in the result: no layout
                 shapes.append(None)
                 dtypes.append(None)
                 continue

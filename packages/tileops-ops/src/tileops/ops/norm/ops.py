@@ -53,21 +53,12 @@ class _NormOp(Op):
             dtype: torch.finfo(dtype).eps if given is None else given
             for dtype in self.manifest_entry().inputs[0].dtypes
         }
-        #: A backward op's parameter gradients it returns as None (built with skip_outputs).
-        self._skipped = frozenset(self.params.get("skip_outputs", ()))
-        skippable = set(self.signature().skippable)
-        # What a backward op's call spec adds to a forward's (NormBwdCall.parameter_gradients):
-        # its kernel sums the parameter gradients unless every one is skipped (the sums over the
-        # rows are as much work as dx again on a frozen norm).
-        self._backward_spec_fields = (bool(skippable - self._skipped),) if skippable else ()
 
     def call_spec(self, interface, device, dtype, has_weight, has_bias, aligned, row_strides=None):
         """The call spec ``kernel_for(interface, device, dtype, has_weight, has_bias, aligned[,
         row_strides])`` stands for: the forwards pass only what varies between calls; ``n`` and
         ``eps`` are the instance's."""
-        return interface.call_spec(
-            device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides, *self._backward_spec_fields
-        )
+        return interface.call_spec(device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides)
 
     def _select(self, interface, has_weight: bool, has_bias: bool, first: torch.Tensor, *vectors: torch.Tensor | None):
         """The implementation of ``interface`` serving a call whose rows are ``first``'s, with
@@ -143,11 +134,11 @@ class _NormOp(Op):
         """A per-row statistic as a kernel takes it: like ``rows`` without its last dimension."""
         return statistic if rows is x else statistic.view(-1)
 
-    def _parameter(self, gradient: torch.Tensor | None, parameter: torch.Tensor | None, name: str) -> torch.Tensor | None:
-        """A kernel's (n,) gradient of ``parameter`` (output ``name``) in the shape of
-        normalized_shape; None where the call has no such parameter or the op skips it
-        (whatever the kernel returned for it)."""
-        if parameter is None or name in self._skipped:
+    def _parameter(self, gradient: torch.Tensor | None, parameter: torch.Tensor | None) -> torch.Tensor | None:
+        """A kernel's (n,) gradient of ``parameter`` in the shape of normalized_shape; None where
+        the call has no such parameter, or the kernel skipped it (the op skips it: core puts
+        None there whatever the kernel returned)."""
+        if parameter is None or gradient is None:
             return None
         return gradient if self._one_dim else gradient.view(self.params["normalized_shape"])
 
@@ -330,7 +321,24 @@ class FusedAddLayerNormFwdOp(_NormOp):
 # skip_outputs (the autograd wiring's, for frozen parameters), it returns None for those.
 
 
-class RMSNormBwdOp(_NormOp):
+class _NormBwdOp(_NormOp):
+    """A norm backward op: its call spec (``NormBwdCall``) also says whether the kernel sums the
+    parameter gradients, which it does unless the op skips every one of them (the sums over the
+    rows are as much work as dx again on a frozen norm)."""
+
+    def __init__(self, *, target: str | None, **params: Any) -> None:
+        super().__init__(target=target, **params)
+        skippable = set(self.signature().skippable)
+        self._parameter_gradients = bool(skippable - set(self.params["skip_outputs"]))
+
+    def call_spec(self, interface, device, dtype, has_weight, has_bias, aligned, row_strides=None):
+        return interface.call_spec(
+            device, self.n, dtype, self.eps_for(dtype), has_weight, has_bias, aligned, row_strides,
+            self._parameter_gradients,
+        )
+
+
+class RMSNormBwdOp(_NormBwdOp):
     """Gradients of ``RMSNormFwdOp``: ``op(dy, x, weight=None, rstd=None) -> (dx, dweight)``."""
 
     vector_inputs = ("dy", "x", "weight")
@@ -347,10 +355,10 @@ class RMSNormBwdOp(_NormOp):
             rstd = derive_input(self, "rstd", {"dy": dy, "x": x})
         kernel, rows, x_rows = self._backward_rows(RMSNormBwdInterface, False, dy, x, weight)
         dx, dweight = kernel.forward(rows, x_rows, self._vector(weight), self._row_statistic(rstd, rows, dy))
-        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight, "dweight")
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight)
 
 
-class LayerNormBwdOp(_NormOp):
+class LayerNormBwdOp(_NormBwdOp):
     """Gradients of ``LayerNormFwdOp``:
     ``op(dy, x, weight=None, bias=None, mean=None, rstd=None) -> (dx, dweight, dbias)``."""
 
@@ -369,10 +377,10 @@ class LayerNormBwdOp(_NormOp):
             rows, x_rows, self._vector(weight),
             self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight, "dweight"), self._parameter(dbias, bias, "dbias")
+        return self._deliver(dx, dy, rows, None), self._parameter(dweight, weight), self._parameter(dbias, bias)
 
 
-class FusedAddRMSNormBwdOp(_NormOp):
+class FusedAddRMSNormBwdOp(_NormBwdOp):
     """Gradients of ``FusedAddRMSNormFwdOp``:
     ``op(dy, dresidual_sum, residual_sum, weight=None, rstd=None) -> (dsum, dweight)``; dsum is
     the gradient of both x and residual."""
@@ -395,10 +403,10 @@ class FusedAddRMSNormBwdOp(_NormOp):
             rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
             self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight, "dweight")
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight)
 
 
-class FusedAddLayerNormBwdOp(_NormOp):
+class FusedAddLayerNormBwdOp(_NormBwdOp):
     """Gradients of ``FusedAddLayerNormFwdOp``:
     ``op(dy, dresidual_sum, residual_sum, weight=None, bias=None, mean=None, rstd=None)
     -> (dsum, dweight, dbias)``; dsum is the gradient of both x and residual."""
@@ -419,4 +427,4 @@ class FusedAddLayerNormBwdOp(_NormOp):
             rows, self._rows(dresidual_sum, kernel), self._rows(residual_sum, kernel), self._vector(weight),
             self._row_statistic(mean, rows, dy), self._row_statistic(rstd, rows, dy),
         )
-        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight, "dweight"), self._parameter(dbias, bias, "dbias")
+        return self._deliver(dsum, dy, rows, None), self._parameter(dweight, weight), self._parameter(dbias, bias)
