@@ -317,7 +317,7 @@ def test_a_kernel_the_compiler_rejects_is_an_error_naming_the_kernel_the_archite
     class _RejectingTileLang:
         calls = 0
 
-        def compile(self, program, target):
+        def compile(self, program, target, **options):
             type(self).calls += 1
             raise RuntimeError("Compilation error:\nnvcc fatal   : Unsupported gpu architecture 'sm_70'\n\nCommand: nvcc ...")
 

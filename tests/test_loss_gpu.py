@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tileops.backend import OpArgumentError
 from tileops.ops import (
@@ -65,7 +66,7 @@ def _case(rows, vocab, dtype, seed=0):
     return logits, target_ids
 
 
-SHAPES = [(1, 32000), (3, 256000), (64, 151936), (300, 128256), (517, 1001), (9, 1), (2048, 32768)]
+SHAPES = [(1, 32000), (3, 256000), (64, 151936), (300, 128256), (517, 1001), (9, 1), (2048, 32768), (5, 50257), (300, 50257)]
 OPTIONS = [
     {},
     {"label_smoothing": 0.1},
@@ -99,6 +100,22 @@ def test_loss_and_gradient_match_torch_in_float64(rows, vocab, dtype, options):
         torch.testing.assert_close(
             x.grad.double() / weight, reference.grad / weight, atol=1e-2 if dtype == torch.bfloat16 else 1e-5, rtol=0
         )
+
+
+@pytest.mark.parametrize("vocab", [1001, 50257])
+def test_an_odd_vocabulary_takes_16_byte_accesses_over_each_row_s_middle_in_both_steps(vocab):
+    logits, target_ids = _case(300, vocab, torch.bfloat16)
+    # The first and last logits of some rows hold their targets: the edges' columns count.
+    target_ids[0], target_ids[1] = 0, vocab - 1
+    x = logits.clone().requires_grad_()
+    op = CrossEntropyFwdOp(label_smoothing=0.1)
+    op(x, target_ids)[0].backward()
+    reference = logits.double().requires_grad_()
+    F.cross_entropy(reference, target_ids, label_smoothing=0.1).backward()
+    torch.testing.assert_close(x.grad.double(), reference.grad, atol=2e-3, rtol=0)
+    kernels = [kernel for built in (op, op.backward_op) for _, kernel in built.built_kernels()]
+    assert {key for built in (op, op.backward_op) for key, _ in built.built_kernels()} == {"tilelang", "tilelang_grad"}
+    assert all(kernel.config["shifted"] is True and kernel.config["vec"] == 8 for kernel in kernels)
 
 
 def test_every_row_ignored_gives_nan_for_the_mean_and_zero_gradients():
@@ -218,7 +235,7 @@ def test_every_split_build_tuning_candidate_gives_torchs_loss_and_lse(vocab):
     device = torch.device("cuda", torch.cuda.current_device())
     logits = torch.randn(3, vocab, device="cuda", dtype=torch.bfloat16) * 3
     target_ids = torch.tensor([0, vocab - 1, 12345], device="cuda")
-    spec = CrossEntropyFwdOp().call_spec(CrossEntropyRowsInterface, device, torch.bfloat16, vocab, torch.int64, True)
+    spec = CrossEntropyFwdOp().call_spec(CrossEntropyRowsInterface, device, torch.bfloat16, vocab, torch.int64, True, True)
     kernel = KERNELS[CrossEntropyRowsInterface]["tilelang"](spec)
     expected_loss = torch.nn.functional.cross_entropy(logits.double(), target_ids, reduction="none")
     expected_lse = torch.logsumexp(logits.double(), -1)

@@ -21,6 +21,11 @@ def test_the_rows_step_sizes_its_block_to_the_row_and_splits_few_rows():
     assert policy.rows_config(torch.bfloat16, 128256, True) == {"vec": 8, "threads": 512, "unroll": 4, "splits": 1}
     assert policy.rows_config(torch.float32, 1000, True)["threads"] == 64  # 250 accesses, 4 per thread
     assert policy.rows_config(torch.bfloat16, 1001, False)["vec"] == 1
+    # An odd V in aligned tensors: 16-byte accesses over each row's middle, the grad step's too.
+    assert policy.rows_config(torch.bfloat16, 50257, False, True) == {"vec": 8, "shifted": True, "threads": 512, "unroll": 4, "splits": 1}
+    assert policy.grad_config(torch.float16, 1001, False, True) == {"vec": 8, "shifted": True, **policy.GRAD}
+    assert all(c["shifted"] for c in policy.grad_candidates(torch.float16, 1001, False, True))
+    assert policy.rows_config(torch.bfloat16, 15, False, True)["vec"] == 1  # under two accesses: no middle
     config = policy.rows_config(torch.bfloat16, 256000, True)
     # One row of 32000 accesses: 2 blocks per SM on 132 SMs, each span at least one 512 x 4 step.
     assert policy.split_count(config, 256000, 1, 132) == 15
@@ -28,6 +33,24 @@ def test_the_rows_step_sizes_its_block_to_the_row_and_splits_few_rows():
     assert [(rows, tier["splits"]) for rows, tier in policy.row_tiers(config, 256000, 132)] == [(1, 15), (4, 15), (16, 15), (64, 5)]
     assert policy.refusal(torch.float64, torch.int64) and policy.refusal(torch.bfloat16, torch.int16)
     assert policy.refusal(torch.bfloat16, torch.int32) is None
+
+
+def test_the_ops_tell_the_kernels_whether_rows_and_pointers_are_aligned():
+    from tileops.core.tensor_description import TensorDescription
+    from tileops.ops import LinearCrossEntropyFwdOp
+
+    def specs(op, vocab, address=0):
+        inputs = {"logits": TensorDescription(CUDA, torch.bfloat16, (8, vocab), address),
+                  "target_ids": TensorDescription(CUDA, torch.int64, (8,))}
+        return {(spec.aligned, spec.pointers_aligned) for spec in op.call_specs(CUDA, inputs).values()}
+
+    assert specs(CrossEntropyFwdOp(), 32000) == {(True, True)}
+    assert specs(CrossEntropyFwdOp(), 50257) == {(False, True)}  # the shifted programs
+    assert specs(CrossEntropyFwdOp(), 32000, address=2) == {(False, False)}  # one element per access
+    # The linear loss's chunks of logits are fresh allocations, aligned whatever V.
+    linear = {"hidden_states": TensorDescription(CUDA, torch.bfloat16, (8, 64), 2),
+              "weight": TensorDescription(CUDA, torch.bfloat16, (50257, 64)), "target_ids": TensorDescription(CUDA, torch.int64, (8,))}
+    assert {(s.aligned, s.pointers_aligned) for s in LinearCrossEntropyFwdOp().call_specs(CUDA, linear).values()} == {(False, True)}
 
 
 @pytest.fixture
@@ -56,7 +79,7 @@ def launches(monkeypatch):
 def test_the_rows_kernel_allocates_float32_rows_and_takes_a_split_build_for_few_rows(launches):
     op = CrossEntropyFwdOp(label_smoothing=0.1)
     kernel = KERNELS[CrossEntropyRowsInterface]["tilelang"](
-        op.call_spec(CrossEntropyRowsInterface, CUDA, torch.bfloat16, 256000, torch.int64, True)
+        op.call_spec(CrossEntropyRowsInterface, CUDA, torch.bfloat16, 256000, torch.int64, True, True)
     )
     logits, target_ids = torch.zeros(2, 256000, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.long)
     loss, lse = kernel.forward(logits, target_ids)
@@ -84,7 +107,7 @@ def test_a_tune_request_on_a_call_of_few_rows_tunes_its_split_build_under_a_key_
     fastest = {"threads": 256, "splits": 30}
     tuning_timed_by_config(monkeypatch, tmp_path, launches, fastest)
     op = CrossEntropyFwdOp()
-    spec = op.call_spec(CrossEntropyRowsInterface, CUDA, torch.bfloat16, 256000, torch.int64, True)
+    spec = op.call_spec(CrossEntropyRowsInterface, CUDA, torch.bfloat16, 256000, torch.int64, True, True)
     kernel = KERNELS[CrossEntropyRowsInterface]["tilelang"](spec)
     tier = dict(policy.row_tiers(kernel.default_config(), 256000, 132))[4]
     kernel.request_tune()
@@ -101,7 +124,7 @@ def test_a_tune_request_on_a_call_of_few_rows_tunes_its_split_build_under_a_key_
 def test_the_grad_kernel_writes_the_tensor_it_is_given(launches):
     op = CrossEntropyBwdOp(softcap=30.0)
     kernel = KERNELS[CrossEntropyGradInterface]["tilelang_grad"](
-        op.call_spec(CrossEntropyGradInterface, CUDA, torch.bfloat16, 1000, torch.int32, False)
+        op.call_spec(CrossEntropyGradInterface, CUDA, torch.bfloat16, 1000, torch.int32, False, False)
     )
     logits = torch.zeros(3, 1000, dtype=torch.bfloat16)
     rows = [torch.zeros(3, dtype=torch.int32)] + [torch.zeros(3) for _ in range(3)]
@@ -133,8 +156,11 @@ rows = policy.rows_config(torch.bfloat16, 128256, True)
 for kind, dtype, vocab, target_dtype, softcap, config in [
     ("partial", torch.bfloat16, 128256, torch.int64, None, {**rows, "splits": 4}),
     ("finish", torch.float16, 1001, torch.int32, 30.0, {"splits": 4, "ignore_index": -100, "smoothing": 0.1, "z_scale": 1e-4}),
-    ("grad", torch.bfloat16, 256000, torch.int64, 30.0, {**policy.grad_config(torch.bfloat16, True), "smoothing": 0.1}),
-    ("grad", torch.float32, 1001, torch.int32, None, {**policy.grad_config(torch.float32, False), "smoothing": 0.0}),
+    ("grad", torch.bfloat16, 256000, torch.int64, 30.0, {**policy.grad_config(torch.bfloat16, 256000, True), "smoothing": 0.1}),
+    ("grad", torch.float32, 1001, torch.int32, None, {**policy.grad_config(torch.float32, 1001, False), "smoothing": 0.0}),
+    # An odd V in aligned tensors: 16-byte accesses over each row's aligned middle (shifted).
+    ("partial", torch.bfloat16, 50257, torch.int64, None, policy.rows_config(torch.bfloat16, 50257, False, True)),
+    ("grad", torch.bfloat16, 50257, torch.int64, None, {**policy.grad_config(torch.bfloat16, 50257, False, True), "smoothing": 0.0}),
 ]:
     kernel = programs.compile_program(kind, dtype, vocab, target_dtype, softcap, target, **config)
     source = kernel.get_kernel_source()
@@ -155,4 +181,6 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
         ["finish", "0", "True", "True", "True"],
         ["grad", "2", "True", "True", "False"],
         ["grad", "0", "False", "True", "False"],
+        ["partial", "1", "False", "True", "False"],
+        ["grad", "2", "False", "True", "False"],
     ], result.stdout[-3000:]

@@ -63,8 +63,9 @@ def _check(op_class, function, x, out_dtype=None, row_dim=-1):
 
 
 # Row lengths around every boundary: 1, odd, the 16-byte access, the register variant's 32768,
-# vocabularies, and up to 262144; row counts around the split build's (fewer rows than SMs).
-LENGTHS = [1, 2, 7, 8, 1000, 1001, 4096, 32000, 32768, 32769, 65536, 128256, 151936, 262144]
+# vocabularies (50257: rows that are not whole accesses, streamed), and up to 262144; row counts
+# around the split build's (fewer rows than SMs).
+LENGTHS = [1, 2, 7, 8, 1000, 1001, 4096, 32000, 32768, 32769, 50257, 65536, 128256, 151936, 262144]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -76,6 +77,15 @@ def test_every_length_and_row_count_forward_and_backward(n, rows, dtype):
     x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
     for op_class, function in FORWARDS:
         _check(op_class, function, x)
+
+
+@pytest.mark.parametrize("n", [30001, 50257])
+def test_rows_that_are_not_whole_accesses_take_16_byte_accesses_over_their_middle(n):
+    x = torch.randn(300, n, device="cuda", dtype=torch.bfloat16) * 3
+    op = _check(SoftmaxFwdOp, torch.softmax, x)
+    for built in (op, op.backward_op):
+        ((_, kernel),) = built.built_kernels()
+        assert kernel.config["shifted"] is True and kernel.config["vec"] == 8
 
 
 @pytest.mark.parametrize(("op_class", "function"), FORWARDS, ids=FORWARD_IDS)
@@ -101,7 +111,7 @@ def test_other_dims_misaligned_and_strided_rows(op_class, function, dtype):
 
 
 @pytest.mark.parametrize(("op_class", "function"), FORWARDS, ids=FORWARD_IDS)
-@pytest.mark.parametrize("n", [100, 32000, 262144])
+@pytest.mark.parametrize("n", [100, 30001, 32000, 50257, 262144])
 @pytest.mark.parametrize("rows", [2, 200])
 def test_masked_entries_and_fully_masked_rows_as_torch(op_class, function, n, rows):
     x = torch.randn(rows, n, device="cuda")
@@ -114,7 +124,7 @@ def test_masked_entries_and_fully_masked_rows_as_torch(op_class, function, n, ro
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("n", [4096, 32000])
+@pytest.mark.parametrize("n", [4096, 32000, 30001])
 def test_every_register_tuning_candidate_computes_the_rows_as_torch(n, log):
     # request_tune may choose any candidate, half-width ones without kept exponentials included.
     from tileops.kernels.cuda.device import compile_target
@@ -123,7 +133,8 @@ def test_every_register_tuning_candidate_computes_the_rows_as_torch(n, log):
     x = torch.randn(300, n, device="cuda", dtype=torch.bfloat16) * 4
     expected = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     target = compile_target(x.device)
-    for config in policy.tuning_candidates("register", n, torch.bfloat16, True):
+    aligned = n % 8 == 0  # else the rows are not whole accesses: the shifted programs
+    for config in policy.tuning_candidates("register", n, torch.bfloat16, aligned, pointers_aligned=True):
         y = torch.empty_like(x)
         programs.compile_program("forward", n, torch.bfloat16, torch.bfloat16, log, target, **config)(x, y)
         torch.testing.assert_close(y.double(), expected, atol=1e-3 if not log else 3e-2, rtol=1.6e-2, msg=lambda m, config=config: f"{config}: {m}")

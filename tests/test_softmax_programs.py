@@ -43,6 +43,36 @@ def test_a_register_thread_holds_at_most_32_elements_and_blocks_have_128_threads
     assert config["vec"] == (16 // dtype.itemsize if aligned else 1)
 
 
+@pytest.mark.parametrize(
+    ("n", "dtype"),
+    [(1001, torch.bfloat16), (30001, torch.bfloat16), (30522, torch.float16), (1001, torch.float32), (50257, torch.bfloat16), (151937, torch.float32)],
+    ids=str,
+)
+def test_rows_that_are_not_whole_accesses_in_aligned_tensors_take_16_byte_accesses_over_their_middle(n, dtype):
+    vec = 16 // dtype.itemsize
+    for variant in ("register", "streamed"):
+        if policy.refusal(variant, n, dtype, dtype):
+            continue
+        config = policy.launch_config(variant, n, dtype, False, pointers_aligned=True, softmax_forward=True)
+        assert config["vec"] == vec and config["shifted"] is True
+        # A row's first 2 * vec threads read its edges, one element each.
+        assert config["threads"] // config.get("rows", 1) >= 2 * vec
+        for candidate in policy.tuning_candidates(variant, n, dtype, False, pointers_aligned=True):
+            assert candidate["shifted"] and candidate["threads"] // candidate.get("rows", 1) >= 2 * vec
+        # A data pointer off the grid leaves one element per access.
+        unaligned = policy.launch_config(variant, n, dtype, False)
+        assert unaligned["vec"] == 1 and "shifted" not in unaligned
+    split = policy.split_config(n, dtype, policy.launch_config("streamed", n, dtype, False, pointers_aligned=True), 132)
+    assert split is None or (split["vec"] == vec and split["shifted"] is True)
+
+
+def test_rows_too_short_for_edges_on_both_sides_take_one_element_per_access():
+    # Under 2 * vec elements, or so few accesses that a row has fewer threads than its edges.
+    for n, dtype in ((9, torch.bfloat16), (33, torch.float16), (7, torch.float32)):
+        config = policy.launch_config("register", n, dtype, False, pointers_aligned=True)
+        assert config["vec"] == 1 and "shifted" not in config
+
+
 def test_tuning_tries_half_the_threads_of_a_full_width_register_row_without_kept_exponentials():
     default, *others = policy.tuning_candidates("register", 32000, torch.bfloat16, True)
     assert default == policy.launch_config("register", 32000, torch.bfloat16, True) and default["threads"] == 1024
@@ -197,6 +227,10 @@ def test_the_ops_call_a_call_aligned_only_when_rows_fill_16_byte_accesses():
     assert spec(SoftmaxFwdOp(), (4, 1000), torch.bfloat16, address=2).aligned is False
     moved = spec(SoftmaxFwdOp(0, torch.float32), (1000, 3), torch.bfloat16, address=2)  # a moved dim is a fresh copy
     assert moved.aligned is True and moved.n == 1000 and moved.out_dtype == torch.float32
+    # Rows that are not whole accesses in an aligned tensor: the shifted programs' call.
+    assert (spec(SoftmaxFwdOp(), (4, 1001), torch.bfloat16).pointers_aligned, spec(SoftmaxFwdOp(), (4, 1000), torch.bfloat16).pointers_aligned) == (True, True)
+    assert spec(SoftmaxFwdOp(), (4, 1001), torch.bfloat16, address=2).pointers_aligned is False
+    assert spec(SoftmaxFwdOp(0), (1001, 3), torch.bfloat16, address=2).pointers_aligned is True
 
 
 def test_a_program_of_every_kind_variant_and_phase_is_built_without_compiling():
@@ -205,12 +239,16 @@ def test_a_program_of_every_kind_variant_and_phase_is_built_without_compiling():
         for log in (False, True):
             programs.make_program(kind, 4096, torch.bfloat16, torch.bfloat16, log, variant="register", vec=8, threads=512, rows=1)
             programs.make_program(kind, 33, torch.float16, torch.float16, log, variant="register", vec=1, threads=128, rows=16)
+            programs.make_program(kind, 1001, torch.float16, torch.float16, log, variant="register", vec=8, threads=128, rows=4, shifted=True)
             for phase, chunks in (("whole", 1), ("partial", 8), ("finish", 8)):
                 programs.make_program(kind, 65536, torch.float32, torch.float32, log, variant="streamed", vec=4, threads=256, phase=phase, chunks=chunks)
+                programs.make_program(kind, 65537, torch.bfloat16, torch.bfloat16, log, variant="streamed", vec=8, threads=256, phase=phase, chunks=chunks, shifted=True)
     with pytest.raises(ValueError, match="dx in dy's dtype"):
         programs.make_program("backward", 64, torch.bfloat16, torch.float32, False, variant="register", vec=8, threads=8)
     with pytest.raises(ValueError, match="bad launch configuration"):
         programs.make_program("forward", 1001, torch.bfloat16, torch.bfloat16, False, variant="register", vec=8, threads=128)
+    with pytest.raises(ValueError, match="a shifted program needs"):  # 8 threads a row for 16 edge elements
+        programs.make_program("forward", 1001, torch.bfloat16, torch.bfloat16, False, variant="register", vec=8, threads=128, rows=16, shifted=True)
 
 
 # -- the compile tier ---------------------------------------------------------------------------
@@ -232,6 +270,9 @@ for name, kind, n, dtype, out_dtype, log, config in [
     ("split-partial", "forward", 262144, bf16, bf16, False, {**split, "phase": "partial"}),
     ("split-finish", "forward", 262144, bf16, bf16, False, {**split, "phase": "finish"}),
     ("streamed-bwd", "backward", 131072, f32, f32, True, policy.launch_config("streamed", 131072, f32, True)),
+    # Rows that are not whole accesses in aligned tensors: 16-byte accesses over their middle.
+    ("register-shifted", "forward", 30001, bf16, bf16, False, policy.launch_config("register", 30001, bf16, False, pointers_aligned=True)),
+    ("streamed-shifted-bwd", "backward", 50257, f16, f16, False, policy.launch_config("streamed", 50257, f16, False, pointers_aligned=True)),
 ]:
     source = programs.compile_program(kind, n, dtype, out_dtype, log, target, **config).get_kernel_source()
     body = source[source.index("__launch_bounds__"):]
@@ -240,7 +281,7 @@ for name, kind, n, dtype, out_dtype, log, config in [
 
 
 @pytest.mark.compile
-def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligned(tmp_path):
+def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_tensors_are_aligned(tmp_path):
     result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line.split() for line in result.stdout.splitlines() if line and not line.startswith("tileops:")]
@@ -254,4 +295,6 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
         ["split-partial", "False", "1", "True", "False"],  # writes only its (max, sum): no vector store
         ["split-finish", "True", "1", "True", "False"],
         ["streamed-bwd", "True", "3", "True", "False"],
+        ["register-shifted", "True", "0", "True", "False"],
+        ["streamed-shifted-bwd", "True", "4", "False", "False"],  # dy and y in both passes (softmax's)
     ], result.stdout[-3000:]

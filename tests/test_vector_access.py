@@ -1,4 +1,5 @@
-"""The ``aligned`` fact every family's call spec carries, and aligned copies (``tileops.ops.vector_access``)."""
+"""The ``aligned`` fact every family's call spec carries, the row families' ``pointers_aligned``, and
+aligned copies (``tileops.ops.vector_access``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from tileops.core.tensor_description import TensorDescription
-from tileops.ops.vector_access import aligned_copies, vector_ready
+from tileops.ops.vector_access import aligned_copies, row_alignment, vector_ready
 
 GPU = torch.device("cuda", 0)
 
@@ -28,6 +29,13 @@ def described(address: int, device: torch.device = GPU) -> TensorDescription:
 )
 def test_on_a_gpu_every_pointer_and_the_row_length_decide(row_elements, addresses, ready):
     assert vector_ready(GPU, row_elements, torch.bfloat16, *(described(a) for a in addresses)) is ready
+
+
+def test_rows_that_are_not_whole_accesses_still_have_aligned_pointers_where_every_pointer_is():
+    assert row_alignment(GPU, 64, torch.bfloat16, described(0), described(32)) == (True, True)
+    assert row_alignment(GPU, 1001, torch.bfloat16, described(0), described(32)) == (False, True)
+    assert row_alignment(GPU, 1001, torch.bfloat16, described(0), described(2)) == (False, False)
+    assert row_alignment(GPU, 1001, torch.bfloat16) == (False, True)  # fresh allocations
 
 
 def test_optional_inputs_not_given_are_skipped():

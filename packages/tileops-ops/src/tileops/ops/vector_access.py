@@ -1,5 +1,5 @@
-"""Whether a call suits 16-byte vector accesses: the ``aligned`` field of the families' call specs,
-and aligned copies for the kernels that take nothing else.
+"""Whether a call suits 16-byte vector accesses: the ``aligned`` (and ``pointers_aligned``) fields
+of the families' call specs, and aligned copies for the kernels that take nothing else.
 
 The TileLang kernels move 16 bytes per access, which CUDA allows only at 16-byte aligned
 addresses; a kernel that vectorises a row also needs the row to be a whole number of accesses.
@@ -36,6 +36,15 @@ def vector_ready(device: torch.device, row_elements: int, dtype: torch.dtype, *t
         if tensor is not None:
             address |= tensor.data_ptr()
     return not address % VECTOR_BYTES
+
+
+def row_alignment(device: torch.device, n: int, dtype: torch.dtype, *tensors) -> tuple[bool, bool]:
+    """``(aligned, pointers_aligned)`` of a call on rows of ``n`` elements in ``tensors``:
+    ``vector_ready`` of the rows, and whether every data pointer is 16-byte aligned whatever the
+    row length (a kernel may then move each row's aligned middle in 16-byte accesses). The
+    pointers are read a second time only where rows are not whole accesses."""
+    aligned = vector_ready(device, n, dtype, *tensors)
+    return aligned, aligned or vector_ready(device, 0, dtype, *tensors)
 
 
 def aligned_copies(device: torch.device, *tensors):

@@ -24,6 +24,12 @@ from tileops.core import KernelBuildError
 
 from . import progress
 
+#: The pass configuration of a program that guards each of its global accesses itself: where
+#: TileLang cannot prove an index in range it adds a check of its own, and a checked access is
+#: not vectorised (a row's 16-byte accesses in a flat view of rows of any length, whose bound
+#: it cannot derive from the guard).
+GUARDED_BY_THE_PROGRAM = {"tl.disable_safe_memory_legalize": True}
+
 _compiled: dict[tuple, Any] = {}
 # One lock per build identity, so that different identities (tuning candidates) compile in
 # parallel threads while one identity still compiles once.
@@ -31,11 +37,14 @@ _identity_locks: dict[tuple, threading.Lock] = {}
 _identity_locks_lock = threading.Lock()
 
 
-def compile_once(identity: Hashable, make_program: Callable[[], Any], target: dict[str, str]) -> Any:
-    """The TileLang kernel compiled from ``make_program()`` for ``target``, once per process for
-    each (identity, target): ``identity`` must cover everything the program depends on. Safe to
-    call from several threads: distinct identities compile concurrently."""
-    key = (identity, json.dumps(target, sort_keys=True))
+def compile_once(
+    identity: Hashable, make_program: Callable[[], Any], target: dict[str, str], *, pass_configs: dict | None = None
+) -> Any:
+    """The TileLang kernel compiled from ``make_program()`` for ``target`` (with TileLang's
+    ``pass_configs``), once per process for each (identity, target, pass_configs): ``identity``
+    must cover everything the program depends on. Safe to call from several threads: distinct
+    identities compile concurrently."""
+    key = (identity, json.dumps(target, sort_keys=True), json.dumps(pass_configs, sort_keys=True))
     kernel = _compiled.get(key)
     if kernel is not None:
         return kernel
@@ -48,7 +57,7 @@ def compile_once(identity: Hashable, make_program: Callable[[], Any], target: di
             started = time.perf_counter()
             program = make_program().with_attr("global_symbol", kernel_name(identity))
             try:
-                kernel = _compiled[key] = tilelang.compile(program, target=target)
+                kernel = _compiled[key] = tilelang.compile(program, target=target, pass_configs=pass_configs)
             except Exception as error:
                 complaint = _compiler_complaint(error)
                 hint = (

@@ -33,7 +33,10 @@ class CrossEntropyCall(CallSpec):
     ``vocab`` is V (a compile-time constant of the TileLang programs; a model has one);
     ``target_dtype`` the targets' dtype; ``aligned`` says that the logits' data pointer is
     16-byte aligned and a row is a whole number of 16-byte accesses (V * itemsize % 16 == 0),
-    which the vectorised programs need (always True on the CPU). The row count is not part of
+    which the vectorised programs need (always True on the CPU); ``pointers_aligned`` that the
+    data pointers of the tensors of V-wide rows are 16-byte aligned whatever V (True where
+    ``aligned`` is), so that a kernel may move each row's aligned middle in 16-byte accesses and
+    its ends one element at a time. The row count is not part of
     the spec: every N reuses the kernel built. The loss options are the op's params;
     ``ignore_index`` and ``lse_square_scale`` matter to the rows step only, and the grad step
     receives them as per-row coefficients.
@@ -47,6 +50,7 @@ class CrossEntropyCall(CallSpec):
     label_smoothing: float
     lse_square_scale: float
     softcap: float | None
+    pointers_aligned: bool = False
 
 
 class CrossEntropyRowsInterface(KernelInterface):

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compute_dtypes import compute_dtype
-from ..vector_access import vector_ready
+from ..vector_access import row_alignment
 from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
 from .ops import _ReducedLossOp, check_targets
 
@@ -64,7 +64,7 @@ class _LinearLossOp(_ReducedLossOp):
         vocab = weight.shape[0]
         target_dtype = target_ids.dtype if target_ids.dtype in (torch.int64, torch.int32) else torch.int64
         # The chunk's logits: no tensor to read a pointer of; torch allocates them aligned.
-        fields = (device, hidden_states.dtype, vocab, target_dtype, vector_ready(device, vocab, hidden_states.dtype))
+        fields = (device, hidden_states.dtype, vocab, target_dtype, *row_alignment(device, vocab, hidden_states.dtype))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
     def chunks(self, hidden_states, weight, bias, target_ids, *, gradients: frozenset[str] = frozenset()):
@@ -122,7 +122,7 @@ class _LinearLossOp(_ReducedLossOp):
         vocab = logits.shape[-1]
         kernel = self.kernel_for(
             CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, target_ids.dtype,
-            vector_ready(logits.device, vocab, logits.dtype, logits),
+            *row_alignment(logits.device, vocab, logits.dtype, logits),
         )
         return kernel.forward(logits, target_ids)
 

@@ -18,7 +18,7 @@ import torch
 from tileops.core import Op, OpArgumentError
 
 from ..compute_dtypes import compute_dtype
-from ..vector_access import vector_ready
+from ..vector_access import row_alignment
 from .cpu import IMPLEMENTATIONS, capped
 from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
 
@@ -60,13 +60,14 @@ class _LossOp(Op):
     # The TileLang kernels, key -> class per interface, imported when an op is first built.
     kernel_tables = ("tileops.kernels.cuda.loss:KERNELS",)
 
-    def call_spec(self, interface, device, dtype, vocab, target_dtype, is_aligned):
-        """The call spec of ``kernel_for(interface, device, dtype, vocab, target_dtype, aligned)``:
-        the loss options are the instance's params."""
+    def call_spec(self, interface, device, dtype, vocab, target_dtype, is_aligned, pointers_aligned):
+        """The call spec of ``kernel_for(interface, device, dtype, vocab, target_dtype, aligned,
+        pointers_aligned)``: the loss options are the instance's params."""
         p = self.params
         return interface.call_spec(
             device, dtype, vocab, target_dtype, is_aligned,
             p.get("ignore_index", -100), p.get("label_smoothing", 0.0), p.get("lse_square_scale", 0.0), p.get("softcap"),
+            pointers_aligned,
         )
 
     def call_specs(self, device, inputs):
@@ -75,7 +76,7 @@ class _LossOp(Op):
         vocab = logits.shape[-1]
         # A description may give every input the call's float dtype; targets are int64 then.
         target_dtype = target_ids.dtype if target_ids.dtype in (torch.int64, torch.int32) else torch.int64
-        fields = (device, logits.dtype, vocab, target_dtype, vector_ready(device, vocab, logits.dtype, logits))
+        fields = (device, logits.dtype, vocab, target_dtype, *row_alignment(device, vocab, logits.dtype, logits))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
     def rows(self, logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +88,7 @@ class _LossOp(Op):
             return empty, empty.clone()
         device = logits.device
         kernel = self.kernel_for(
-            CrossEntropyRowsInterface, device, logits.dtype, vocab, target_ids.dtype, vector_ready(device, vocab, logits.dtype, logits)
+            CrossEntropyRowsInterface, device, logits.dtype, vocab, target_ids.dtype, *row_alignment(device, vocab, logits.dtype, logits)
         )
         return kernel.forward(logits, target_ids)
 
@@ -99,7 +100,7 @@ class _LossOp(Op):
         device = logits.device
         kernel = self.kernel_for(
             CrossEntropyGradInterface, device, logits.dtype, vocab, target_ids.dtype,
-            vector_ready(device, vocab, logits.dtype, logits, dlogits),
+            *row_alignment(device, vocab, logits.dtype, logits, dlogits),
         )
         return kernel.forward(logits, target_ids, lse, softmax_scale, target_scale, dlogits)
 

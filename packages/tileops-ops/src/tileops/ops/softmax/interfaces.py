@@ -25,8 +25,11 @@ class SoftmaxCall(CallSpec):
     ``out_dtype`` y's dtype forward (the op's ``dtype`` param, else x's), dy's backward;
     ``log`` whether it is log-softmax; ``aligned`` whether every tensor's data pointer is 16-byte
     aligned and a row fills whole 16-byte accesses (``n * itemsize`` a multiple of 16), as
-    vectorised kernels need (always True on the CPU, whose vector loads take any address). The
-    row count is not part of the spec, so a call with another batch reuses the kernel built.
+    vectorised kernels need (always True on the CPU, whose vector loads take any address);
+    ``pointers_aligned`` whether every tensor's data pointer is 16-byte aligned whatever the row
+    length (True where ``aligned`` is), so that a kernel may reach the aligned middle of each
+    row in 16-byte accesses and its ends one element at a time. The row count is not part of
+    the spec, so a call with another batch reuses the kernel built.
     """
 
     n: int
@@ -34,6 +37,7 @@ class SoftmaxCall(CallSpec):
     out_dtype: torch.dtype
     log: bool
     aligned: bool
+    pointers_aligned: bool = False
 
 
 class SoftmaxFwdInterface(KernelInterface):

@@ -17,7 +17,7 @@ import torch
 
 from tileops.core import Op
 
-from ..vector_access import vector_ready
+from ..vector_access import row_alignment
 from .cpu import IMPLEMENTATIONS
 from .interfaces import SoftmaxBwdInterface, SoftmaxFwdInterface
 
@@ -85,9 +85,9 @@ class _SoftmaxFwdOp(_SoftmaxOp):
         x = inputs["x"]
         moved = self._moved_dim(len(x.shape))
         n = x.shape[-1 if moved is None else moved]
-        aligned = vector_ready(device, n, x.dtype) if moved is not None else vector_ready(device, n, x.dtype, x)
         out_dtype = self.params["out_dtype"] or x.dtype
-        return {SoftmaxFwdInterface: self.call_spec(SoftmaxFwdInterface, device, n, x.dtype, out_dtype, self.log, aligned)}
+        alignment = row_alignment(device, n, x.dtype, *(() if moved is not None else (x,)))
+        return {SoftmaxFwdInterface: self.call_spec(SoftmaxFwdInterface, device, n, x.dtype, out_dtype, self.log, *alignment)}
 
     def forward(self, x, *, out=None):
         moved = self._moved_dim(x.dim())
@@ -95,7 +95,7 @@ class _SoftmaxFwdOp(_SoftmaxOp):
         n = rows.shape[-1]
         out_dtype = self.params["out_dtype"] or x.dtype
         device = x.device
-        kernel = self.kernel_for(SoftmaxFwdInterface, device, n, x.dtype, out_dtype, self.log, vector_ready(device, n, x.dtype, rows))
+        kernel = self.kernel_for(SoftmaxFwdInterface, device, n, x.dtype, out_dtype, self.log, *row_alignment(device, n, x.dtype, rows))
         return self._deliver(kernel.forward(_matrix(rows, n)), rows, moved, out_dtype, out)
 
 
@@ -108,8 +108,8 @@ class _SoftmaxBwdOp(_SoftmaxOp):
         dy, y = inputs["dy"], inputs["y"]
         moved = self._moved_dim(len(dy.shape))
         n = dy.shape[-1 if moved is None else moved]
-        aligned = vector_ready(device, n, dy.dtype) if moved is not None else vector_ready(device, n, dy.dtype, dy, y)
-        return {SoftmaxBwdInterface: self.call_spec(SoftmaxBwdInterface, device, n, dy.dtype, dy.dtype, self.log, aligned)}
+        alignment = row_alignment(device, n, dy.dtype, *(() if moved is not None else (dy, y)))
+        return {SoftmaxBwdInterface: self.call_spec(SoftmaxBwdInterface, device, n, dy.dtype, dy.dtype, self.log, *alignment)}
 
     def forward(self, dy, y):
         moved = self._moved_dim(dy.dim())
@@ -117,7 +117,7 @@ class _SoftmaxBwdOp(_SoftmaxOp):
         n = dy_rows.shape[-1]
         device = dy.device
         kernel = self.kernel_for(
-            SoftmaxBwdInterface, device, n, dy.dtype, dy.dtype, self.log, vector_ready(device, n, dy.dtype, dy_rows, y_rows)
+            SoftmaxBwdInterface, device, n, dy.dtype, dy.dtype, self.log, *row_alignment(device, n, dy.dtype, dy_rows, y_rows)
         )
         dx = kernel.forward(_matrix(dy_rows, n), _matrix(y_rows, n))
         return self._deliver(dx, dy_rows, moved, dy.dtype, None)

@@ -5,7 +5,9 @@
 ``CrossEntropyGradKernel`` (key ``tilelang_grad``: a key names one implementation across an op's
 interfaces) writes the gradient into the tensor it is given. A kernel is built per (device,
 dtype, V, target dtype, alignment, loss options); an aligned call gets the vectorised programs,
-any other the scalar ones, so the kernels serve every call of their dtypes. float64 is refused
+one whose rows are not whole accesses in aligned tensors the shifted ones (16-byte accesses over
+each row's aligned middle), any other the scalar ones, so the kernels serve every call of their
+dtypes. float64 is refused
 (plain torch serves it). Importing this module does not import tilelang; building a kernel does.
 """
 
@@ -51,8 +53,8 @@ class _TileLangLoss(TileLangKernel):
     def identity(self) -> tuple:
         call = self.params
         return (
-            self.kind, call.dtype, call.vocab, call.target_dtype, call.aligned, call.ignore_index,
-            call.label_smoothing, call.lse_square_scale, call.softcap,
+            self.kind, call.dtype, call.vocab, call.target_dtype, call.aligned, call.pointers_aligned,
+            call.ignore_index, call.label_smoothing, call.lse_square_scale, call.softcap,
         )
 
     def tuning_subject(self, sized) -> str:
@@ -67,11 +69,11 @@ class CrossEntropyRowsKernel(_TileLangLoss, CrossEntropyRowsInterface):
 
     def default_config(self) -> dict[str, Any]:
         call = self.params
-        return policy.rows_config(call.dtype, call.vocab, call.aligned)
+        return policy.rows_config(call.dtype, call.vocab, call.aligned, call.pointers_aligned)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
         call = self.params
-        return policy.rows_candidates(call.dtype, call.vocab, call.aligned)
+        return policy.rows_candidates(call.dtype, call.vocab, call.aligned, call.pointers_aligned)
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         vocab = self.params.vocab
@@ -113,10 +115,12 @@ class CrossEntropyGradKernel(_TileLangLoss, CrossEntropyGradInterface):
     outputs = ()
 
     def default_config(self) -> dict[str, Any]:
-        return policy.grad_config(self.params.dtype, self.params.aligned)
+        call = self.params
+        return policy.grad_config(call.dtype, call.vocab, call.aligned, call.pointers_aligned)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
-        return policy.grad_candidates(self.params.dtype, self.params.aligned)
+        call = self.params
+        return policy.grad_candidates(call.dtype, call.vocab, call.aligned, call.pointers_aligned)
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         return BuildPlan({"main": config}, shown=dict(config))

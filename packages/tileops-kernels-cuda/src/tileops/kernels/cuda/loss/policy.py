@@ -15,8 +15,12 @@ and enough blocks to reach every SM:
   (one split) serving the rest.
 
 The grad step is elementwise: 256 threads of 4 accesses each per block, one grid row per logits
-row. These rules were written from the H200's facts (132 SMs, 16-byte accesses) and have not
-been measured yet; ``rows_candidates`` and ``grad_candidates`` (and ``tier_candidates`` on a call a
+row. Rows that are not whole 16-byte accesses in aligned tensors (an odd V) take the shifted
+programs in both steps: 16-byte accesses over each row's aligned middle, its ends element by
+element (``row_layout``); only a misaligned data pointer leaves one element per access.
+
+These rules were written from the H200's facts (132 SMs, 16-byte accesses) and have not been
+measured yet; ``rows_candidates`` and ``grad_candidates`` (and ``tier_candidates`` on a call a
 split build serves) are what ``request_tune`` times.
 """
 
@@ -28,6 +32,7 @@ from typing import Any
 import torch
 
 from ..powers import pow2_ceil
+from ..row_layout import shifts
 from . import programs
 
 #: The dtypes the TileLang kernels take (float64 is served by plain torch).
@@ -52,12 +57,21 @@ def refusal(dtype: torch.dtype, target_dtype: torch.dtype) -> str | None:
     return None
 
 
-def rows_config(dtype: torch.dtype, vocab: int, aligned: bool) -> dict[str, Any]:
-    """The main build of the rows step: one block per row."""
-    vec = programs.vector_width(dtype, aligned)
-    accesses = vocab // vec
+def access_layout(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool) -> dict[str, Any]:
+    """The programs' ``vec`` (and ``shifted``, for rows that are not whole accesses in aligned
+    tensors) for a call of this alignment."""
+    if shifts(vocab, dtype, aligned, pointers_aligned):
+        return {"vec": programs.vector_width(dtype, True), "shifted": True}
+    return {"vec": programs.vector_width(dtype, aligned)}
+
+
+def rows_config(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False) -> dict[str, Any]:
+    """The main build of the rows step: one block per row (at least 32 threads: a shifted row's
+    first ``2 * vec`` read its edges)."""
+    layout = access_layout(dtype, vocab, aligned, pointers_aligned)
+    accesses = vocab // layout["vec"]
     threads = min(MAX_THREADS, max(32, pow2_ceil(math.ceil(accesses / UNROLL))))
-    return {"vec": vec, "threads": threads, "unroll": UNROLL, "splits": 1}
+    return {**layout, "threads": threads, "unroll": UNROLL, "splits": 1}
 
 
 def split_count(config: dict[str, Any], vocab: int, rows: int, sm_count: int) -> int:
@@ -96,9 +110,9 @@ def tier_candidates(tier: dict[str, Any], vocab: int) -> list[dict[str, Any]]:
     return candidates
 
 
-def rows_candidates(dtype: torch.dtype, vocab: int, aligned: bool) -> list[dict[str, Any]]:
+def rows_candidates(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False) -> list[dict[str, Any]]:
     """Main-build configurations of the rows step worth timing, the default first."""
-    default = rows_config(dtype, vocab, aligned)
+    default = rows_config(dtype, vocab, aligned, pointers_aligned)
     shapes = [(default["threads"], UNROLL), (256, UNROLL), (1024, 2), (512, 8)]
     seen, candidates = set(), []
     for threads, unroll in shapes:
@@ -108,11 +122,11 @@ def rows_candidates(dtype: torch.dtype, vocab: int, aligned: bool) -> list[dict[
     return candidates
 
 
-def grad_config(dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
-    return {"vec": programs.vector_width(dtype, aligned), **GRAD}
+def grad_config(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False) -> dict[str, Any]:
+    return {**access_layout(dtype, vocab, aligned, pointers_aligned), **GRAD}
 
 
-def grad_candidates(dtype: torch.dtype, aligned: bool) -> list[dict[str, Any]]:
-    vec = programs.vector_width(dtype, aligned)
+def grad_candidates(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False) -> list[dict[str, Any]]:
+    layout = access_layout(dtype, vocab, aligned, pointers_aligned)
     shapes = (GRAD, {"threads": 128, "per_thread": 4}, {"threads": 512, "per_thread": 2}, {"threads": 256, "per_thread": 8})
-    return [{"vec": vec, **shape} for shape in shapes]
+    return [{**layout, **shape} for shape in shapes]

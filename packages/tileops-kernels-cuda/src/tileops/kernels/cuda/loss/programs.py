@@ -18,6 +18,11 @@ serves every row count) and V a compile-time constant:
   = 1 - (z / softcap)**2 under soft-capping; it reads each element before writing it, so dlogits
   may be the logits themselves.
 
+Both streaming programs address the logits as one flat array (``row_layout``): with
+``shifted``, rows that are not whole 16-byte accesses in aligned tensors (an odd V) move their
+aligned middle in 16-byte accesses, and the first span's (the first block's) threads take the
+elements around it one by one.
+
 exp is computed as exp2 of a pre-scaled argument (one multiply-add and the hardware's exp2).
 Importing this module does not import tilelang; building a program does.
 """
@@ -28,7 +33,8 @@ import math
 
 import torch
 
-from ..compile import compile_once
+from ..compile import GUARDED_BY_THE_PROGRAM, compile_once
+from ..row_layout import GEOMETRY, RowLayout
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _TL_INDEX = {torch.int64: "int64", torch.int32: "int32"}
@@ -51,7 +57,7 @@ def _capper(softcap):
     return lambda x: softcap * T.tanh(x * (1.0 / softcap))
 
 
-def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits, sums_logits=True):
+def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits, sums_logits=True, shifted=False):
     """The ``partial`` program (see the module) for one dtype, V, soft-cap and configuration:
     each thread loads ``unroll`` accesses before it folds them in, so that that many 16-byte
     loads per thread are in flight. ``sums_logits``: whether it sums z (label smoothing reads
@@ -59,10 +65,11 @@ def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits, sums_lo
     import tilelang.language as T
 
     dt, f32 = _TL_DTYPES[dtype], "float32"
-    if vocab % vec or threads % 32:
+    if (vocab % vec and not shifted) or threads % 32:
         raise ValueError(f"bad configuration vec={vec} threads={threads} for V={vocab}")
-    n = T.dynamic("n")
-    accesses = vocab // vec
+    layout = RowLayout(vocab, vec, shifted)
+    n = T.dynamic("n", "int64")
+    accesses = layout.most
     span = math.ceil(accesses / splits)  # accesses per split
     steps = math.ceil(span / (threads * unroll))
     warps = threads // 32
@@ -73,12 +80,15 @@ def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits, sums_lo
     @T.prim_func
     def main(logits: T.Tensor((n, vocab), dt), partial: T.Tensor((n, splits, 3), f32)):
         # Rows on the grid's x dimension, whose limit (2**31 - 1) no row count reaches (y stops at 65535).
-        with T.Kernel(n, splits, threads=threads) as (row, split):
+        with T.Kernel(n, splits, threads=threads) as (bx, split):
             # Two blocks of 512 threads per SM: a thread then gets 64 registers (no spill), where
             # TileLang's default of one block let ptxas take 95 and left the SM 16 warps to keep
             # loads in flight with while each folds in what it loaded.
             T.annotate_min_blocks_per_sm(max(1, 1024 // threads))
             tx = T.get_thread_binding()
+            flat = T.reshape(logits, (n * vocab,))
+            row = T.cast(bx, "int64")
+            geo = T.alloc_local((GEOMETRY,), "int64")
             buf = T.alloc_local((width,), dt)
             z = T.alloc_local((width,), f32)
             m = T.alloc_local((1,), f32)
@@ -90,13 +100,21 @@ def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits, sums_lo
             m[0] = -T.infinity(f32)
             s[0] = 0.0
             sz[0] = 0.0
-            end = T.min((split + 1) * span, accesses)
+            layout.locate(geo, row)
+            if shifted:
+                # The first span's threads start from the row's edge elements, one each.
+                if T.And(split == 0, layout.has_edge(geo, tx)):
+                    m[0] = cap(T.cast(flat[layout.edge(geo, row, tx)], f32))
+                    s[0] = T.if_then_else(m[0] == -T.infinity(f32), 0.0, 1.0)  # exp(z - z), nothing for -inf
+                    if sums_logits:
+                        sz[0] = T.if_then_else(m[0] == -T.infinity(f32), 0.0, m[0])
+            end = T.min((split + 1) * span, layout.accesses(geo))
             for step in T.serial(steps):
                 for u in T.unroll(unroll):
                     access = split * span + (step * unroll + u) * threads + tx
                     if access < end:
                         for k in lanes(vec):
-                            buf[u * vec + k] = logits[row, access * vec + k]
+                            buf[u * vec + k] = flat[(layout.first_access(geo, row) + access) * vec + k]
                 top[0] = m[0]
                 for u in T.unroll(unroll):
                     access = split * span + (step * unroll + u) * threads + tx
@@ -184,19 +202,29 @@ def make_finish(dtype, vocab, target_dtype, softcap, *, splits, ignore_index, sm
     return main
 
 
-def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, smoothing):
+def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, smoothing, shifted=False):
     """The ``grad`` program (see the module) for one dtype, V, soft-cap and configuration."""
     import tilelang.language as T
 
     dt, f32, it = _TL_DTYPES[dtype], "float32", _TL_INDEX[target_dtype]
-    if vocab % vec:
+    if vocab % vec and not shifted:
         raise ValueError(f"vec={vec} does not divide V={vocab}")
-    n = T.dynamic("n")
-    accesses = vocab // vec
+    layout = RowLayout(vocab, vec, shifted)
+    n = T.dynamic("n", "int64")
+    accesses = layout.most
     chunk = threads * per_thread  # accesses per block
     lanes = T.vectorized if vec > 1 else T.serial
     cap = _capper(softcap)
     uniform = smoothing / vocab
+
+    @T.macro
+    def gradient(g, z, a, b, shift, target, element, column):
+        """g[0]: the gradient of one logit (``element``, at ``column`` of its row), in float32."""
+        z[0] = cap(T.cast(element, f32))
+        g[0] = a[0] * T.exp2(z[0] * _LOG2E - shift[0]) - b[0] * uniform
+        g[0] = g[0] - T.if_then_else(column == target, b[0] * (1.0 - smoothing), 0.0)
+        if softcap is not None:
+            g[0] = g[0] * (1.0 - z[0] * z[0] * (1.0 / (softcap * softcap)))
 
     @T.prim_func
     def main(
@@ -204,8 +232,11 @@ def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, 
         softmax_scale: T.Tensor((n,), f32), target_scale: T.Tensor((n,), f32), dlogits: T.Tensor((n, vocab), dt),
     ):
         # Rows on the grid's x dimension (limit 2**31 - 1); a row's blocks on y (V / chunk, far below 65535).
-        with T.Kernel(n, T.ceildiv(accesses, chunk), threads=threads) as (row, bx):
+        with T.Kernel(n, T.ceildiv(accesses, chunk), threads=threads) as (bx, by):
             tx = T.get_thread_binding()
+            flat, dflat = T.reshape(logits, (n * vocab,)), T.reshape(dlogits, (n * vocab,))
+            row = T.cast(bx, "int64")
+            geo = T.alloc_local((GEOMETRY,), "int64")
             buf = T.alloc_local((vec,), dt)
             out = T.alloc_local((vec,), dt)
             shift = T.alloc_local((1,), f32)
@@ -217,20 +248,24 @@ def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, 
             a[0] = softmax_scale[row]
             b[0] = target_scale[row]
             target = target_ids[row]
+            layout.locate(geo, row)
             for step in T.unroll(per_thread):
-                access = (bx * per_thread + step) * threads + tx
-                if access < accesses:
+                access = (by * per_thread + step) * threads + tx
+                if access < layout.accesses(geo):
+                    start = (layout.first_access(geo, row) + access) * vec
                     for k in lanes(vec):
-                        buf[k] = logits[row, access * vec + k]
+                        buf[k] = flat[start + k]
                     for k in T.unroll(vec):
-                        z[0] = cap(T.cast(buf[k], f32))
-                        g[0] = a[0] * T.exp2(z[0] * _LOG2E - shift[0]) - b[0] * uniform
-                        g[0] = g[0] - T.if_then_else(access * vec + k == target, b[0] * (1.0 - smoothing), 0.0)
-                        if softcap is not None:
-                            g[0] = g[0] * (1.0 - z[0] * z[0] * (1.0 / (softcap * softcap)))
+                        gradient(g, z, a, b, shift, target, buf[k], start + k - row * vocab)
                         out[k] = T.cast(g[0], dt)
                     for k in lanes(vec):
-                        dlogits[row, access * vec + k] = out[k]
+                        dflat[start + k] = out[k]
+            if shifted:
+                # The first block's threads take the row's edge elements, one each.
+                if T.And(by == 0, layout.has_edge(geo, tx)):
+                    buf[0] = flat[layout.edge(geo, row, tx)]
+                    gradient(g, z, a, b, shift, target, buf[0], layout.edge(geo, row, tx) - row * vocab)
+                    dflat[layout.edge(geo, row, tx)] = T.cast(g[0], dt)
 
     return main
 
@@ -246,4 +281,4 @@ def compile_program(kind, dtype, vocab, target_dtype, softcap, target, **config)
         "finish": lambda: make_finish(dtype, vocab, target_dtype, softcap, **config),
         "grad": lambda: make_grad(dtype, vocab, target_dtype, softcap, **config),
     }
-    return compile_once(identity, makers[kind], target)
+    return compile_once(identity, makers[kind], target, pass_configs=GUARDED_BY_THE_PROGRAM)

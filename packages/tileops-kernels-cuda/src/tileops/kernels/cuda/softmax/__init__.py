@@ -5,7 +5,9 @@ Two variants per interface (``policy`` says which serves a row length): ``softma
 ``softmax_streamed`` / ``softmax_bwd_streamed`` serve every length, ``general``, with a second
 build for calls of fewer rows than SMs that splits each row over several blocks in two launches
 (``policy.split_config``). A kernel is built per (device, n, dtype, out_dtype, log, alignment):
-an aligned call gets 16-byte accesses, any other one element per access. ``KERNELS`` (interface
+an aligned call gets 16-byte accesses, one whose rows are not whole accesses in aligned tensors
+16-byte accesses over each row's aligned middle (the shifted programs), any other one element
+per access. ``KERNELS`` (interface
 -> key -> class) is the table the softmax ops name. Importing this module does not import
 tilelang; building a kernel does.
 """
@@ -62,18 +64,20 @@ class _TileLangSoftmax(TileLangKernel):
 
     def identity(self) -> tuple:
         call = self.params
-        return (self.variant, call.n, call.dtype, call.out_dtype, call.log, call.aligned)
+        return (self.variant, call.n, call.dtype, call.out_dtype, call.log, call.aligned, call.pointers_aligned)
 
     def default_config(self) -> dict[str, Any]:
         call = self.params
         return policy.launch_config(
-            self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward, facts=self.facts
+            self.variant, call.n, call.dtype, call.aligned, pointers_aligned=call.pointers_aligned,
+            softmax_forward=self._softmax_forward, facts=self.facts,
         )
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
         call = self.params
         return policy.tuning_candidates(
-            self.variant, call.n, call.dtype, call.aligned, softmax_forward=self._softmax_forward, facts=self.facts
+            self.variant, call.n, call.dtype, call.aligned, pointers_aligned=call.pointers_aligned,
+            softmax_forward=self._softmax_forward, facts=self.facts,
         )
 
     @property

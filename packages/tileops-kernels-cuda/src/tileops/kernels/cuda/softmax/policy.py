@@ -43,6 +43,7 @@ import torch
 from tileops.core import DeviceFacts
 
 from ..powers import pow2_ceil
+from ..row_layout import shifts
 from . import programs
 
 #: The dtypes the TileLang kernels take (float64 is served by plain torch).
@@ -82,19 +83,27 @@ def refusal(variant: str, n: int, dtype: torch.dtype, out_dtype: torch.dtype) ->
 
 
 def launch_config(
-    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False,
-    facts: DeviceFacts | None = None,
+    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, pointers_aligned: bool = False,
+    softmax_forward: bool = False, facts: DeviceFacts | None = None,
 ) -> dict[str, Any]:
     """The main build's configuration (``programs.make_program``'s keywords) before tuning.
-    ``softmax_forward``: the build is a softmax forward's (not a log-softmax's, not a
-    backward's), whose threads would keep a float32 exponential per element for the write;
-    ``facts``: the GPU's (its SMs and L2 tell the streamed forward's block size; unknown: none)."""
-    vec = programs.vector_width(dtype, aligned)
+    ``aligned``: rows of whole 16-byte accesses at aligned addresses; ``pointers_aligned``: the
+    tensors' data pointers aligned, whatever the row length (a row of another length then takes
+    the shifted program: 16-byte accesses over its aligned middle); ``softmax_forward``: the
+    build is a softmax forward's (not a log-softmax's, not a backward's), whose threads would
+    keep a float32 exponential per element for the write; ``facts``: the GPU's (its SMs and L2
+    tell the streamed forward's block size; unknown: none)."""
+    shifted = {"shifted": True} if shifts(n, dtype, aligned, pointers_aligned) else {}
+    vec = programs.vector_width(dtype, aligned or bool(shifted))
     accesses = n // vec
     if variant == "register":
         # About four accesses per thread, at most 32 elements, at most 1024 threads per row.
         per_thread = _ACCESSES_PER_THREAD if vec > 1 else _ACCESSES_PER_THREAD * 4
         tpr = min(pow2_ceil(math.ceil(accesses / per_thread)), programs.MAX_THREADS)
+        if shifted and tpr < 2 * vec:
+            # A row's first 2 * vec threads read its edges; a row this short is a few accesses
+            # whichever way it is read.
+            return launch_config(variant, n, dtype, False, softmax_forward=softmax_forward, facts=facts)
         # (Element-wise accesses excepted: 64 of them a thread ran 15 % slower than 32, 1000 x
         # 30001 bfloat16 on an H100.)
         if softmax_forward and tpr >= _RECOMPUTED_FROM_THREADS and vec > 1:
@@ -107,9 +116,9 @@ def launch_config(
             # 110, 6000 x 11008 92 -> 88, 2048 x 16384 44.7 -> 43.8; rows of 128 threads and
             # fewer gained nothing either way (16384 x 4096 87.6 / 87.9 us, 8192 x 2048 21.6 /
             # 21.4), so they keep theirs.
-            return {"variant": "register", "vec": vec, "threads": tpr // 2, "rows": 1, "keep": False}
+            return {"variant": "register", "vec": vec, "threads": tpr // 2, "rows": 1, "keep": False, **shifted}
         rows = max(1, _MIN_BLOCK_THREADS // tpr)
-        return {"variant": "register", "vec": vec, "threads": tpr * rows, "rows": rows}
+        return {"variant": "register", "vec": vec, "threads": tpr * rows, "rows": rows, **shifted}
     if softmax_forward and _short_rows_stay_in_l2(n * dtype.itemsize, facts):
         # Four 512-thread blocks per SM keep as much in flight as two of 1024, and start a
         # row's second pass while another's first runs, as long as the L2 still holds each row
@@ -118,8 +127,8 @@ def launch_config(
         # float16 137 -> 105; longer rows, which the rule leaves alone, won at 98 KiB too (1500
         # x 50304 bfloat16 126 -> 109 us), tied at 128 KiB (1024 x 65536 bfloat16 97.8 / 97.4)
         # and lost at 200 KiB (600 x 100000 96 -> 120 us), where the rows no longer fit.
-        return {"variant": "streamed", "vec": vec, "threads": _STREAMED_SHORT_THREADS, "unroll": _STREAMED_SHORT_UNROLL}
-    return {"variant": "streamed", "vec": vec, "threads": _STREAMED_THREADS, "unroll": _STREAMED_UNROLL}
+        return {"variant": "streamed", "vec": vec, "threads": _STREAMED_SHORT_THREADS, "unroll": _STREAMED_SHORT_UNROLL, **shifted}
+    return {"variant": "streamed", "vec": vec, "threads": _STREAMED_THREADS, "unroll": _STREAMED_UNROLL, **shifted}
 
 
 def _short_rows_stay_in_l2(row_bytes: int, facts: DeviceFacts | None) -> bool:
@@ -140,12 +149,12 @@ def split_config(n: int, dtype: torch.dtype, config: dict[str, Any], sm_count: i
     """The split build's configuration beside streamed ``config``, or None where a row is too
     short to cut into two chunks of ``_MIN_CHUNK_BYTES``. The chunk count gives one row about
     ``_BLOCKS_PER_SM`` blocks per SM."""
-    vec = config["vec"]
     most = (n * dtype.itemsize) // _MIN_CHUNK_BYTES
     chunks = min(_BLOCKS_PER_SM * sm_count, most)
     if chunks < 2:
         return None
-    return {"variant": "streamed", "vec": vec, "threads": _SPLIT_THREADS, "unroll": _STREAMED_UNROLL, "chunks": chunks}
+    layout = {key: config[key] for key in ("vec", "shifted") if key in config}
+    return {"variant": "streamed", **layout, "threads": _SPLIT_THREADS, "unroll": _STREAMED_UNROLL, "chunks": chunks}
 
 
 def split_candidates(n: int, dtype: torch.dtype, split: dict[str, Any]) -> list[dict[str, Any]]:
@@ -165,8 +174,8 @@ def split_candidates(n: int, dtype: torch.dtype, split: dict[str, Any]) -> list[
 
 
 def tuning_candidates(
-    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, softmax_forward: bool = False,
-    facts: DeviceFacts | None = None,
+    variant: str, n: int, dtype: torch.dtype, aligned: bool, *, pointers_aligned: bool = False,
+    softmax_forward: bool = False, facts: DeviceFacts | None = None,
 ) -> list[dict[str, Any]]:
     """Main-build configurations worth timing, the default first: half and twice the threads
     per row (register), or 512 threads and other unrolls (streamed).
@@ -174,13 +183,16 @@ def tuning_candidates(
     A register thread holds at most 64 elements; past 32 (a 16-bit row's default is four
     16-byte accesses, 32 elements, a thread) it keeps no exponentials (``keep=False``), and at
     32 or fewer it keeps them (a softmax forward's; ``keep`` means nothing to the others)."""
-    default = launch_config(variant, n, dtype, aligned, softmax_forward=softmax_forward, facts=facts)
+    default = launch_config(
+        variant, n, dtype, aligned, pointers_aligned=pointers_aligned, softmax_forward=softmax_forward, facts=facts
+    )
     candidates = [default]
     if variant == "register":
         tpr = default["threads"] // default["rows"]
+        fewest = 2 * default["vec"] if default.get("shifted") else 1  # a shifted row's edge readers
         for threads_per_row in (tpr // 2, tpr * 2):
             held = math.ceil(n / default["vec"] / max(1, threads_per_row)) * default["vec"]  # elements per thread
-            if 1 <= threads_per_row <= programs.MAX_THREADS and held <= 2 * _MAX_ELEMENTS_PER_THREAD:
+            if fewest <= threads_per_row <= programs.MAX_THREADS and held <= 2 * _MAX_ELEMENTS_PER_THREAD:
                 rows = max(1, _MIN_BLOCK_THREADS // threads_per_row)
                 candidate = {**default, "threads": threads_per_row * rows, "rows": rows}
                 candidate.pop("keep", None)

@@ -21,7 +21,10 @@ Variants (``make_program``'s ``variant``):
   ``phase="whole"`` is the one-launch streamed program.
 
 An access is ``vec`` elements: 16 bytes where the call is aligned, else 1 (any length and
-alignment). Kernel call convention (positional, caller-allocated outputs)::
+alignment). A ``shifted`` program takes rows that are not whole 16-byte accesses in tensors
+whose data pointers are aligned: 16-byte accesses over each row's aligned middle and the elements
+around it one by one (``row_layout``, where every program's flat addressing is explained).
+Kernel call convention (positional, caller-allocated outputs)::
 
     forward   kernel(x, y)            [split: partial(x, ws), finish(x, ws, y)]
     backward  kernel(dy, y, dx)       [split: partial(dy, y, ws), finish(dy, y, ws, dx)]
@@ -35,7 +38,8 @@ import math
 
 import torch
 
-from ..compile import compile_once
+from ..compile import GUARDED_BY_THE_PROGRAM, compile_once
+from ..row_layout import GEOMETRY, RowLayout
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 KINDS = ("forward", "backward")
@@ -76,6 +80,7 @@ def make_program(
     phase: str = "whole",
     cache_priorities: bool = True,
     keep: bool = True,
+    shifted: bool = False,
 ):
     """The TileLang PrimFunc of one configuration (see the module and ``policy.launch_config``).
 
@@ -84,15 +89,19 @@ def make_program(
     chunks (streamed): chunks per row of the split phases; cache_priorities: whether the streamed
     passes may load with eviction priorities (PTX of sm_80 and later); keep (register softmax
     forward): whether a thread keeps each float32 exponential for the write, or computes it
-    again there (half the registers per element: room for twice the elements per thread).
+    again there (half the registers per element: room for twice the elements per thread);
+    shifted: rows that are not whole accesses, covered by aligned accesses and edges (see the
+    module; a row's threads, at least ``2 * vec``, read its edges).
     """
     if kind not in KINDS or variant not in VARIANTS or phase not in PHASES:
         raise ValueError(f"unknown kind {kind!r}, variant {variant!r} or phase {phase!r}")
     if kind == "backward" and out_dtype != dtype:
         raise ValueError(f"the backward writes dx in dy's dtype: out_dtype {out_dtype} must be {dtype}")
     tpr = threads // rows
-    if n < 1 or n % vec or tpr & (tpr - 1) or tpr * rows != threads or threads > MAX_THREADS:
+    if n < 1 or (n % vec and not shifted) or tpr & (tpr - 1) or tpr * rows != threads or threads > MAX_THREADS:
         raise ValueError(f"bad launch configuration vec={vec} threads={threads} rows={rows} for n={n}")
+    if shifted and tpr < 2 * vec:
+        raise ValueError(f"a shifted program needs 2 * vec threads per row to read the edges: vec={vec}, {tpr} threads")
     if variant == "register" and phase != "whole":
         raise ValueError("the register variant has one phase")
     if phase == "whole" and chunks != 1:
@@ -103,10 +112,15 @@ def make_program(
     backward = kind == "backward"
     rounded = rounds_input(dtype, out_dtype)
     lanes = T.vectorized if vec > 1 else T.serial
-    nv = n // vec  # accesses per row
+    nv = n // vec  # accesses per row (a shifted row has nv or nv - 1)
     warps = max(1, tpr // 32)  # warps per row
     neg_inf = -T.infinity(f32)
     m = T.dynamic("m", "int64")
+
+    layout = RowLayout(n, vec, shifted)
+    locate, first_access, accesses, edge, has_edge = (
+        layout.locate, layout.first_access, layout.accesses, layout.edge, layout.has_edge
+    )
 
     def value(element):
         """An input element as float32, rounded to out_dtype first where torch would round it."""
@@ -171,22 +185,30 @@ def make_program(
             @T.prim_func
             def main(x: T.Tensor((m, n), dt), y: T.Tensor((m, n), odt)):
                 with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+                    xf, yf = T.reshape(x, (m * n,)), T.reshape(y, (m * n,))
                     tx = T.get_thread_binding()
                     lane = tx % tpr
                     row = row_index(bx, tx)
                     # Threads past the last row read a valid one (they join the barriers) and store nothing.
                     src = T.min(row, m - 1)
+                    geo = T.alloc_local((GEOMETRY,), "int64")
                     buf = T.alloc_local((iters * vec,), dt)
+                    ebuf = T.alloc_local((1,), dt)  # the thread's edge element (shifted)
                     out = T.alloc_local((vec,), odt)
                     stat = T.alloc_local((3,), f32)
                     red = T.alloc_shared((2 * max(1, threads // 32),), f32)
+                    locate(geo, src)
                     for it in T.unroll(iters):
-                        if it * tpr + lane < nv:
+                        if it * tpr + lane < accesses(geo):
                             for v in lanes(vec):
-                                buf[it * vec + v] = x[src, (it * tpr + lane) * vec + v]
+                                buf[it * vec + v] = xf[(first_access(geo, src) + it * tpr + lane) * vec + v]
                     stat[0] = neg_inf
+                    if shifted:
+                        if has_edge(geo, lane):
+                            ebuf[0] = xf[edge(geo, src, lane)]
+                            stat[0] = value(ebuf[0])
                     for it in T.unroll(iters):
-                        if it * tpr + lane < nv:
+                        if it * tpr + lane < accesses(geo):
                             for v in T.unroll(vec):
                                 stat[0] = T.max(stat[0], value(buf[it * vec + v]))
                     reduce(stat, 0, True, red, tx)
@@ -196,8 +218,11 @@ def make_program(
                     keeps = keep and not log
                     kept = T.alloc_local((iters * vec if keeps else 1,), f32)
                     stat[1] = T.float32(0.0)
+                    if shifted:
+                        if has_edge(geo, lane):
+                            stat[1] = exp(value(ebuf[0]) - shift_of(stat[0]))
                     for it in T.unroll(iters):
-                        if it * tpr + lane < nv:
+                        if it * tpr + lane < accesses(geo):
                             for v in T.unroll(vec):
                                 if keeps:
                                     kept[it * vec + v] = exp(value(buf[it * vec + v]) - shift_of(stat[0]))
@@ -208,75 +233,96 @@ def make_program(
                     finish_statistics(stat)
                     if row < m:
                         for it in T.unroll(iters):
-                            if it * tpr + lane < nv:
+                            if it * tpr + lane < accesses(geo):
                                 for v in T.unroll(vec):
                                     if keeps:
                                         out[v] = T.cast(kept[it * vec + v] * stat[2], odt)
                                     else:
                                         out[v] = T.cast(forward_value(value(buf[it * vec + v]), stat), odt)
                                 for v in lanes(vec):
-                                    y[row, (it * tpr + lane) * vec + v] = out[v]
+                                    yf[(first_access(geo, row) + it * tpr + lane) * vec + v] = out[v]
+                        if shifted:
+                            if has_edge(geo, lane):
+                                yf[edge(geo, row, lane)] = T.cast(forward_value(value(ebuf[0]), stat), odt)
 
             return main
 
         @T.prim_func
         def main(dy: T.Tensor((m, n), dt), y: T.Tensor((m, n), dt), dx: T.Tensor((m, n), dt)):
             with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+                dyf, yf, dxf = T.reshape(dy, (m * n,)), T.reshape(y, (m * n,)), T.reshape(dx, (m * n,))
                 tx = T.get_thread_binding()
                 lane = tx % tpr
                 row = row_index(bx, tx)
                 src = T.min(row, m - 1)
+                geo = T.alloc_local((GEOMETRY,), "int64")
                 gbuf = T.alloc_local((iters * vec,), dt)
                 ybuf = T.alloc_local((iters * vec,), dt)
+                edges = T.alloc_local((2,), dt)  # the thread's edge element of dy and of y (shifted)
                 out = T.alloc_local((vec,), dt)
                 stat = T.alloc_local((3,), f32)
                 red = T.alloc_shared((2 * max(1, threads // 32),), f32)
+                locate(geo, src)
                 for it in T.unroll(iters):
-                    if it * tpr + lane < nv:
+                    if it * tpr + lane < accesses(geo):
                         for v in lanes(vec):
-                            gbuf[it * vec + v] = dy[src, (it * tpr + lane) * vec + v]
+                            gbuf[it * vec + v] = dyf[(first_access(geo, src) + it * tpr + lane) * vec + v]
                         for v in lanes(vec):
-                            ybuf[it * vec + v] = y[src, (it * tpr + lane) * vec + v]
+                            ybuf[it * vec + v] = yf[(first_access(geo, src) + it * tpr + lane) * vec + v]
                 stat[1] = T.float32(0.0)
+                if shifted:
+                    if has_edge(geo, lane):
+                        edges[0] = dyf[edge(geo, src, lane)]
+                        edges[1] = yf[edge(geo, src, lane)]
+                        stat[1] = _gradient_term(T, log, edges[0], edges[1])
                 for it in T.unroll(iters):
-                    if it * tpr + lane < nv:
+                    if it * tpr + lane < accesses(geo):
                         for v in T.unroll(vec):
-                            if log:
-                                stat[1] = stat[1] + T.cast(gbuf[it * vec + v], f32)
-                            else:
-                                stat[1] = stat[1] + T.cast(gbuf[it * vec + v], f32) * T.cast(ybuf[it * vec + v], f32)
+                            stat[1] = stat[1] + _gradient_term(T, log, gbuf[it * vec + v], ybuf[it * vec + v])
                 reduce(stat, 1, False, red, tx)
                 if row < m:
                     for it in T.unroll(iters):
-                        if it * tpr + lane < nv:
+                        if it * tpr + lane < accesses(geo):
                             for v in T.unroll(vec):
                                 out[v] = T.cast(_gradient(T, log, gbuf[it * vec + v], ybuf[it * vec + v], stat[1]), dt)
                             for v in lanes(vec):
-                                dx[row, (it * tpr + lane) * vec + v] = out[v]
+                                dxf[(first_access(geo, row) + it * tpr + lane) * vec + v] = out[v]
+                    if shifted:
+                        if has_edge(geo, lane):
+                            dxf[edge(geo, row, lane)] = T.cast(_gradient(T, log, edges[0], edges[1], stat[1]), dt)
 
         return main
 
     # -- streamed: one block per row (phase "whole") or per (row, chunk) (the split phases) --------
+    # A chunk's accesses are counted from the row's first; the first chunk also takes the edges.
     per_chunk = math.ceil(nv / chunks)  # accesses per chunk
     steps = math.ceil(per_chunk / (threads * unroll))
     hinted = cache_priorities and vec * dtype.itemsize == 16
 
     @T.macro
-    def load(dst, di, src, row, col, priority):
+    def load(dst, di, src, index, priority):
+        """vec elements of flat ``src`` from ``index`` (an access's first) into dst[di:]."""
         if hinted:
-            T.call_extern("handle", f"tileops_softmax_load_{priority}", T.address_of(dst[di]), T.address_of(src[row, col]))
+            T.call_extern("handle", f"tileops_softmax_load_{priority}", T.address_of(dst[di]), T.address_of(src[index]))
         else:
             for v in lanes(vec):
-                dst[di + v] = src[row, col + v]
+                dst[di + v] = src[index + v]
 
     def access(chunk, st, u, tx):
         return chunk * per_chunk + (st * unroll + u) * threads + tx
 
-    def in_chunk(chunk, st, u, tx):
+    def at(geo, row, chunk, st, u, tx):
+        """The flat index of the access's first element."""
+        return (first_access(geo, row) + access(chunk, st, u, tx)) * vec
+
+    def in_chunk(geo, chunk, st, u, tx):
         local = (st * unroll + u) * threads + tx
         if chunks == 1:
-            return local < nv
-        return T.And(local < per_chunk, chunk * per_chunk + local < nv)
+            return local < accesses(geo)
+        return T.And(local < per_chunk, chunk * per_chunk + local < accesses(geo))
+
+    def edge_thread(geo, chunk, tx):
+        return T.And(chunk == 0, has_edge(geo, tx))
 
     @T.macro
     def block_statistics(stat, red, tx):
@@ -287,71 +333,84 @@ def make_program(
         reduce(stat, 1, False, red, tx)
 
     @T.macro
-    def forward_pass1(x, row, chunk, tx, buf, stat, red):
+    def forward_pass1(xf, geo, row, chunk, tx, buf, stat, red):
         stat[0] = neg_inf
         stat[1] = T.float32(0.0)
+        if shifted:
+            if edge_thread(geo, chunk, tx):
+                buf[0] = xf[edge(geo, row, tx)]
+                stat[0] = value(buf[0])
+                stat[1] = exp(stat[0] - shift_of(stat[0]))  # 1, or 0 for -inf (as the loop adds it)
         for st in T.serial(steps):
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
-                    load(buf, u * vec, x, row, access(chunk, st, u, tx) * vec, "evict_last")
+                if in_chunk(geo, chunk, st, u, tx):
+                    load(buf, u * vec, xf, at(geo, row, chunk, st, u, tx), "evict_last")
             stat[2] = stat[0]
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
+                if in_chunk(geo, chunk, st, u, tx):
                     for v in T.unroll(vec):
                         stat[2] = T.max(stat[2], value(buf[u * vec + v]))
             stat[1] = stat[1] * rescale(stat[0], stat[2])
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
+                if in_chunk(geo, chunk, st, u, tx):
                     for v in T.unroll(vec):
                         stat[1] = stat[1] + exp(value(buf[u * vec + v]) - shift_of(stat[2]))
             stat[0] = stat[2]
         block_statistics(stat, red, tx)
 
     @T.macro
-    def forward_pass2(x, y, row, chunk, tx, buf, out, stat):
+    def forward_pass2(xf, yf, geo, row, chunk, tx, buf, out, stat):
         finish_statistics(stat)
         for st in T.serial(steps):
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
-                    load(buf, u * vec, x, row, access(chunk, st, u, tx) * vec, "evict_first")
+                if in_chunk(geo, chunk, st, u, tx):
+                    load(buf, u * vec, xf, at(geo, row, chunk, st, u, tx), "evict_first")
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
+                if in_chunk(geo, chunk, st, u, tx):
                     for v in T.unroll(vec):
                         out[v] = T.cast(forward_value(value(buf[u * vec + v]), stat), odt)
                     for v in lanes(vec):
-                        y[row, access(chunk, st, u, tx) * vec + v] = out[v]
+                        yf[at(geo, row, chunk, st, u, tx) + v] = out[v]
+        if shifted:
+            if edge_thread(geo, chunk, tx):
+                yf[edge(geo, row, tx)] = T.cast(forward_value(value(xf[edge(geo, row, tx)]), stat), odt)
 
     @T.macro
-    def backward_pass1(dy, y, row, chunk, tx, gbuf, ybuf, stat, red):
+    def backward_pass1(dyf, yf, geo, row, chunk, tx, gbuf, ybuf, stat, red):
         stat[1] = T.float32(0.0)
+        if shifted:
+            if edge_thread(geo, chunk, tx):
+                stat[1] = _gradient_term(T, log, dyf[edge(geo, row, tx)], yf[edge(geo, row, tx)])
         for st in T.serial(steps):
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
-                    load(gbuf, u * vec, dy, row, access(chunk, st, u, tx) * vec, "evict_last")
+                if in_chunk(geo, chunk, st, u, tx):
+                    load(gbuf, u * vec, dyf, at(geo, row, chunk, st, u, tx), "evict_last")
                     if not log:
-                        load(ybuf, u * vec, y, row, access(chunk, st, u, tx) * vec, "evict_last")
+                        load(ybuf, u * vec, yf, at(geo, row, chunk, st, u, tx), "evict_last")
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
+                if in_chunk(geo, chunk, st, u, tx):
                     for v in T.unroll(vec):
-                        if log:
-                            stat[1] = stat[1] + T.cast(gbuf[u * vec + v], f32)
-                        else:
-                            stat[1] = stat[1] + T.cast(gbuf[u * vec + v], f32) * T.cast(ybuf[u * vec + v], f32)
+                        stat[1] = stat[1] + _gradient_term(T, log, gbuf[u * vec + v], ybuf[u * vec + v])
         reduce(stat, 1, False, red, tx)
 
     @T.macro
-    def backward_pass2(dy, y, dx, row, chunk, tx, gbuf, ybuf, out, stat):
+    def backward_pass2(dyf, yf, dxf, geo, row, chunk, tx, gbuf, ybuf, out, stat):
         for st in T.serial(steps):
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
-                    load(gbuf, u * vec, dy, row, access(chunk, st, u, tx) * vec, "evict_first")
-                    load(ybuf, u * vec, y, row, access(chunk, st, u, tx) * vec, "evict_first")
+                if in_chunk(geo, chunk, st, u, tx):
+                    load(gbuf, u * vec, dyf, at(geo, row, chunk, st, u, tx), "evict_first")
+                    load(ybuf, u * vec, yf, at(geo, row, chunk, st, u, tx), "evict_first")
             for u in T.unroll(unroll):
-                if in_chunk(chunk, st, u, tx):
+                if in_chunk(geo, chunk, st, u, tx):
                     for v in T.unroll(vec):
                         out[v] = T.cast(_gradient(T, log, gbuf[u * vec + v], ybuf[u * vec + v], stat[1]), dt)
                     for v in lanes(vec):
-                        dx[row, access(chunk, st, u, tx) * vec + v] = out[v]
+                        dxf[at(geo, row, chunk, st, u, tx) + v] = out[v]
+        if shifted:
+            if edge_thread(geo, chunk, tx):
+                dxf[edge(geo, row, tx)] = T.cast(
+                    _gradient(T, log, dyf[edge(geo, row, tx)], yf[edge(geo, row, tx)], stat[1]), dt
+                )
 
     @T.macro
     def combine_chunks(ws, row, tx, stat, red):
@@ -391,14 +450,17 @@ def make_program(
             def main(x: T.Tensor((m, n), dt), y: T.Tensor((m, n), odt)):
                 with T.Kernel(m, threads=threads) as bx:
                     prelude()
+                    xf, yf = T.reshape(x, (m * n,)), T.reshape(y, (m * n,))
                     tx = T.get_thread_binding()
                     row = T.cast(bx, "int64")
+                    geo = T.alloc_local((GEOMETRY,), "int64")
                     buf = T.alloc_local((unroll * vec,), dt)
                     out = T.alloc_local((vec,), odt)
                     stat = T.alloc_local((3,), f32)
                     red = T.alloc_shared((red_size,), f32)
-                    forward_pass1(x, row, 0, tx, buf, stat, red)
-                    forward_pass2(x, y, row, 0, tx, buf, out, stat)
+                    locate(geo, row)
+                    forward_pass1(xf, geo, row, 0, tx, buf, stat, red)
+                    forward_pass2(xf, yf, geo, row, 0, tx, buf, out, stat)
 
             return main
 
@@ -408,12 +470,15 @@ def make_program(
             def main(x: T.Tensor((m, n), dt), ws: T.Tensor((m, chunks, 2), f32)):
                 with T.Kernel(m, chunks, threads=threads) as (bx, by):
                     prelude()
+                    xf = T.reshape(x, (m * n,))
                     tx = T.get_thread_binding()
                     row = T.cast(bx, "int64")
+                    geo = T.alloc_local((GEOMETRY,), "int64")
                     buf = T.alloc_local((unroll * vec,), dt)
                     stat = T.alloc_local((3,), f32)
                     red = T.alloc_shared((red_size,), f32)
-                    forward_pass1(x, row, by, tx, buf, stat, red)
+                    locate(geo, row)
+                    forward_pass1(xf, geo, row, by, tx, buf, stat, red)
                     store_partial(ws, row, by, tx, stat)
 
             return main
@@ -422,14 +487,17 @@ def make_program(
         def main(x: T.Tensor((m, n), dt), ws: T.Tensor((m, chunks, 2), f32), y: T.Tensor((m, n), odt)):
             with T.Kernel(m, chunks, threads=threads) as (bx, by):
                 prelude()
+                xf, yf = T.reshape(x, (m * n,)), T.reshape(y, (m * n,))
                 tx = T.get_thread_binding()
                 row = T.cast(bx, "int64")
+                geo = T.alloc_local((GEOMETRY,), "int64")
                 buf = T.alloc_local((unroll * vec,), dt)
                 out = T.alloc_local((vec,), odt)
                 stat = T.alloc_local((3,), f32)
                 red = T.alloc_shared((red_size,), f32)
+                locate(geo, row)
                 combine_chunks(ws, row, tx, stat, red)
-                forward_pass2(x, y, row, by, tx, buf, out, stat)
+                forward_pass2(xf, yf, geo, row, by, tx, buf, out, stat)
 
         return main
 
@@ -439,15 +507,18 @@ def make_program(
         def main(dy: T.Tensor((m, n), dt), y: T.Tensor((m, n), dt), dx: T.Tensor((m, n), dt)):
             with T.Kernel(m, threads=threads) as bx:
                 prelude()
+                dyf, yf, dxf = T.reshape(dy, (m * n,)), T.reshape(y, (m * n,)), T.reshape(dx, (m * n,))
                 tx = T.get_thread_binding()
                 row = T.cast(bx, "int64")
+                geo = T.alloc_local((GEOMETRY,), "int64")
                 gbuf = T.alloc_local((unroll * vec,), dt)
                 ybuf = T.alloc_local((unroll * vec,), dt)
                 out = T.alloc_local((vec,), dt)
                 stat = T.alloc_local((3,), f32)
                 red = T.alloc_shared((red_size,), f32)
-                backward_pass1(dy, y, row, 0, tx, gbuf, ybuf, stat, red)
-                backward_pass2(dy, y, dx, row, 0, tx, gbuf, ybuf, out, stat)
+                locate(geo, row)
+                backward_pass1(dyf, yf, geo, row, 0, tx, gbuf, ybuf, stat, red)
+                backward_pass2(dyf, yf, dxf, geo, row, 0, tx, gbuf, ybuf, out, stat)
 
         return main
 
@@ -457,13 +528,16 @@ def make_program(
         def main(dy: T.Tensor((m, n), dt), y: T.Tensor((m, n), dt), ws: T.Tensor((m, chunks, 2), f32)):
             with T.Kernel(m, chunks, threads=threads) as (bx, by):
                 prelude()
+                dyf, yf = T.reshape(dy, (m * n,)), T.reshape(y, (m * n,))
                 tx = T.get_thread_binding()
                 row = T.cast(bx, "int64")
+                geo = T.alloc_local((GEOMETRY,), "int64")
                 gbuf = T.alloc_local((unroll * vec,), dt)
                 ybuf = T.alloc_local((unroll * vec,), dt)
                 stat = T.alloc_local((3,), f32)
                 red = T.alloc_shared((red_size,), f32)
-                backward_pass1(dy, y, row, by, tx, gbuf, ybuf, stat, red)
+                locate(geo, row)
+                backward_pass1(dyf, yf, geo, row, by, tx, gbuf, ybuf, stat, red)
                 stat[0] = T.float32(0.0)  # the backward's pair holds its sum only
                 store_partial(ws, row, by, tx, stat)
 
@@ -475,17 +549,27 @@ def make_program(
     ):
         with T.Kernel(m, chunks, threads=threads) as (bx, by):
             prelude()
+            dyf, yf, dxf = T.reshape(dy, (m * n,)), T.reshape(y, (m * n,)), T.reshape(dx, (m * n,))
             tx = T.get_thread_binding()
             row = T.cast(bx, "int64")
+            geo = T.alloc_local((GEOMETRY,), "int64")
             gbuf = T.alloc_local((unroll * vec,), dt)
             ybuf = T.alloc_local((unroll * vec,), dt)
             out = T.alloc_local((vec,), dt)
             stat = T.alloc_local((3,), f32)
             red = T.alloc_shared((red_size,), f32)
+            locate(geo, row)
             combine_chunks(ws, row, tx, stat, red)
-            backward_pass2(dy, y, dx, row, by, tx, gbuf, ybuf, out, stat)
+            backward_pass2(dyf, yf, dxf, geo, row, by, tx, gbuf, ybuf, out, stat)
 
     return main
+
+
+def _gradient_term(T, log, dy_element, y_element):
+    """One element's term of the row's sum in the gradient, in float32: dy (log-softmax) or dy * y."""
+    if log:
+        return T.cast(dy_element, "float32")
+    return T.cast(dy_element, "float32") * T.cast(y_element, "float32")
 
 
 def _gradient(T, log, dy_element, y_element, total):
@@ -525,4 +609,5 @@ def compile_program(kind, n, dtype, out_dtype, log, target, **config):
         identity,
         lambda: make_program(kind, n, dtype, out_dtype, log, cache_priorities=priorities, **config),
         target,
+        pass_configs=GUARDED_BY_THE_PROGRAM,
     )
