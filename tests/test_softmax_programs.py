@@ -66,6 +66,17 @@ def test_rows_that_are_not_whole_accesses_in_aligned_tensors_take_16_byte_access
     assert split is None or (split["vec"] == vec and split["shifted"] is True)
 
 
+def test_a_shifted_softmax_forward_row_halves_its_threads_only_where_a_thread_then_holds_at_most_56_elements():
+    # The edge element and the geometry cost registers: at 64 elements a halved thread leaves
+    # room for one 512-thread block per SM.
+    full = policy.launch_config("register", 30522, torch.bfloat16, False, pointers_aligned=True, softmax_forward=True)
+    assert full == {"variant": "register", "vec": 8, "threads": 1024, "rows": 1, "shifted": True}
+    halved = policy.launch_config("register", 20001, torch.bfloat16, False, pointers_aligned=True, softmax_forward=True)
+    assert halved == {"variant": "register", "vec": 8, "threads": 512, "rows": 1, "keep": False, "shifted": True}
+    # Aligned rows of the same length keep the rule they were measured with.
+    assert policy.launch_config("register", 30528, torch.bfloat16, True, softmax_forward=True)["threads"] == 512
+
+
 def test_rows_too_short_for_edges_on_both_sides_take_one_element_per_access():
     # Under 2 * vec elements, or so few accesses that a row has fewer threads than its edges.
     for n, dtype in ((9, torch.bfloat16), (33, torch.float16), (7, torch.float32)):
