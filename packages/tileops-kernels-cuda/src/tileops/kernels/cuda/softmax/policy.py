@@ -106,15 +106,14 @@ def launch_config(
             # A row's first 2 * vec threads read its edges; a row this short is a few accesses
             # whichever way it is read.
             return launch_config(variant, n, dtype, False, softmax_forward=softmax_forward, facts=facts)
-        # (Element-wise accesses excepted: 64 of them a thread ran 15 % slower than 32, 1000 x
-        # 30001 bfloat16 on an H100.)
         halved_holds = math.ceil(accesses / max(1, tpr // 2)) * vec  # elements a thread of half the threads holds
         # A shifted row's thread also holds its edge element and the row's geometry: halved at 64
         # elements a thread, ptxas gave it 70 and 72 registers (30001 and 30522 bf16), so one
         # 512-thread block per SM, the occupancy halving exists to avoid; at 40, 48 and 56 it gave
         # 64, 56 and 63, two blocks' worth. Measured on an H100 (GPU time): 2048 x 30522 halved
         # 146.5 us, full width 120.4; 1000 x 30001 72.8 / 56.8; at 40 elements 4096 x 20001
-        # halved 138.8, full width 178.2.
+        # halved 138.8, full width 178.2. (Element-wise accesses are never halved: 64 of them a
+        # thread ran 15 % slower than 32, 1000 x 30001 bfloat16 on an H100.)
         if softmax_forward and tpr >= _RECOMPUTED_FROM_THREADS and vec > 1 and not (
             shifted and halved_holds > _SHIFTED_HALVED_MOST
         ):
