@@ -9,6 +9,7 @@ import torch
 
 from helpers import run_python, tuning_timed_by_config
 from tileops.kernels.cuda import activation as kernels
+from tileops.kernels.cuda.row_layout import vector_width
 from tileops.kernels.cuda.activation import KERNELS, policy, programs
 from tileops.ops.activation import (
     ActivationFwdInterface,
@@ -45,8 +46,8 @@ def test_the_main_build_keeps_four_16_byte_loads_in_flight_per_thread_whatever_t
 
 
 def test_the_access_is_16_bytes_where_aligned_and_one_element_otherwise():
-    assert [programs.vector_width(dtype, True) for dtype in policy.DTYPES] == [8, 8, 4]
-    assert {programs.vector_width(dtype, False) for dtype in policy.DTYPES} == {1}
+    assert [vector_width(dtype, True) for dtype in policy.DTYPES] == [8, 8, 4]
+    assert {vector_width(dtype, False) for dtype in policy.DTYPES} == {1}
     assert policy.refusal(torch.float64) and policy.refusal(torch.bfloat16) is None
     assert policy.small_call_elements(policy.launch_config("act", torch.bfloat16, True), 132) == 132 * 4 * 128 * 8
 
@@ -190,6 +191,7 @@ def test_a_program_of_every_kind_is_built_for_every_activation_without_compiling
 COMPILE = """
 import torch
 from tileops.kernels.cuda.activation import policy, programs
+from tileops.kernels.cuda.row_layout import vector_width
 target = {"kind": "cuda", "arch": "sm_90"}
 # One build per kind: each activation, each dtype, vector and scalar accesses, both launch shapes.
 for kind, activation, dtype, aligned, d, config in [
@@ -202,7 +204,7 @@ for kind, activation, dtype, aligned, d, config in [
     ("packed_bwd", "gelu", torch.float32, False, 1001, policy.SMALL),
     ("packed_bwd_inplace", "silu", torch.bfloat16, True, 4096, policy.launch_config("packed_bwd_inplace", torch.bfloat16, True)),
 ]:
-    config = {"vec": programs.vector_width(dtype, aligned), **config}
+    config = {"vec": vector_width(dtype, aligned), **config}
     kernel = programs.compile_program(kind, activation, dtype, target, d=d, **config)
     source = kernel.get_kernel_source()
     body = source[source.index("__launch_bounds__"):]

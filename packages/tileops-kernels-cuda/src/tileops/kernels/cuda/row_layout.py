@@ -21,13 +21,19 @@ import torch
 
 #: int64 registers a shifted layout keeps per row (``RowLayout.locate``).
 GEOMETRY = 4
+#: Bytes of one vector access: CUDA's widest load and store, allowed at 16-byte aligned addresses.
+ACCESS_BYTES = 16
+
+
+def vector_width(dtype: torch.dtype, aligned: bool = True) -> int:
+    """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
+    return ACCESS_BYTES // dtype.itemsize if aligned else 1
 
 
 def shifts(n: int, dtype: torch.dtype, aligned: bool, pointers_aligned: bool) -> bool:
     """Whether rows of ``n`` elements take the shifted layout: they are not whole 16-byte
     accesses, the pointers are aligned, and a row has room for edges on both sides of an access."""
-    vec = 16 // dtype.itemsize
-    return not aligned and pointers_aligned and n >= 2 * vec
+    return not aligned and pointers_aligned and n >= 2 * vector_width(dtype)
 
 
 class RowLayout:

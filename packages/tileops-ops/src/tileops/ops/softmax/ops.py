@@ -49,6 +49,12 @@ class _SoftmaxOp(Op):
         """``tensor`` with ``row_dim`` last, contiguous (a copy where it moves)."""
         return tensor if moved is None else tensor.movedim(moved, -1).contiguous()
 
+    @staticmethod
+    def _read_as_given(moved: int | None, *tensors):
+        """Of ``tensors`` (descriptions), those a kernel reads as given: all where ``row_dim`` is
+        last, none where it moves (the kernel then reads ``_rows``' copies, aligned allocations)."""
+        return tensors if moved is None else ()
+
     def _deliver(self, result, rows: torch.Tensor, moved: int | None, dtype: torch.dtype, out: torch.Tensor | None):
         """A kernel's (m, n) ``result`` in the caller's layout, written to ``out`` if given. A
         result of another size, dtype or device (a backend's implementation breaking its
@@ -86,7 +92,7 @@ class _SoftmaxFwdOp(_SoftmaxOp):
         moved = self._moved_dim(len(x.shape))
         n = x.shape[-1 if moved is None else moved]
         out_dtype = self.params["out_dtype"] or x.dtype
-        alignment = row_alignment(device, n, x.dtype, *(() if moved is not None else (x,)))
+        alignment = row_alignment(device, n, x.dtype, *self._read_as_given(moved, x))
         return {SoftmaxFwdInterface: self.call_spec(SoftmaxFwdInterface, device, n, x.dtype, out_dtype, self.log, *alignment)}
 
     def forward(self, x, *, out=None):
@@ -108,7 +114,7 @@ class _SoftmaxBwdOp(_SoftmaxOp):
         dy, y = inputs["dy"], inputs["y"]
         moved = self._moved_dim(len(dy.shape))
         n = dy.shape[-1 if moved is None else moved]
-        alignment = row_alignment(device, n, dy.dtype, *(() if moved is not None else (dy, y)))
+        alignment = row_alignment(device, n, dy.dtype, *self._read_as_given(moved, dy, y))
         return {SoftmaxBwdInterface: self.call_spec(SoftmaxBwdInterface, device, n, dy.dtype, dy.dtype, self.log, *alignment)}
 
     def forward(self, dy, y):

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..row_layout import vector_width
 from . import programs
 
 #: The dtypes the TileLang kernels take (float64 is served by plain torch).
@@ -48,7 +49,7 @@ def refusal(dtype: torch.dtype) -> str | None:
 def launch_config(kind: str, dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
     """The main build's configuration of ``kind`` before tuning."""
     per_thread = max(1, LOADS_IN_FLIGHT // programs.INPUTS[kind])
-    return {"vec": programs.vector_width(dtype, aligned), "threads": THREADS, "per_thread": per_thread}
+    return {"vec": vector_width(dtype, aligned), "threads": THREADS, "per_thread": per_thread}
 
 
 def small_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -56,11 +56,6 @@ _TANH_CUBIC = 0.044715
 _MINUS_LOG2E = -1.4426950408889634
 
 
-def vector_width(dtype: torch.dtype, aligned: bool) -> int:
-    """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
-    return 16 // dtype.itemsize if aligned else 1
-
-
 def _functions(activation: str):
     """(act, act_and_derivative) as builders of float32 TileLang expressions: ``act(g)`` and
     ``act_and_derivative(g)`` -> (act(g), act'(g))."""

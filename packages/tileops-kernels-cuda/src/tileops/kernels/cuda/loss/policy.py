@@ -32,8 +32,7 @@ from typing import Any
 import torch
 
 from ..powers import pow2_ceil
-from ..row_layout import shifts
-from . import programs
+from ..row_layout import shifts, vector_width
 
 #: The dtypes the TileLang kernels take (float64 is served by plain torch).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -61,8 +60,8 @@ def access_layout(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligne
     """The programs' ``vec`` (and ``shifted``, for rows that are not whole accesses in aligned
     tensors) for a call of this alignment."""
     if shifts(vocab, dtype, aligned, pointers_aligned):
-        return {"vec": programs.vector_width(dtype, True), "shifted": True}
-    return {"vec": programs.vector_width(dtype, aligned)}
+        return {"vec": vector_width(dtype, True), "shifted": True}
+    return {"vec": vector_width(dtype, aligned)}
 
 
 def rows_config(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False) -> dict[str, Any]:

@@ -43,11 +43,6 @@ _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
 
-def vector_width(dtype: torch.dtype, aligned: bool) -> int:
-    """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
-    return 16 // dtype.itemsize if aligned else 1
-
-
 def _capper(softcap):
     """z from a float32 logit: soft-capped where ``softcap`` is given."""
     import tilelang.language as T

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..powers import pow2_ceil
+from ..row_layout import vector_width
 
 KINDS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm")
 
@@ -251,7 +252,7 @@ def launch_config(kind: str, variant: str, n: int, dtype: torch.dtype) -> dict[s
         cached = math.ceil(n / MAX_THREADS) <= _SCALAR_MAX_CACHED_PER_THREAD
         mode = "register" if cached else "streamed"
     else:
-        vec = 16 // dtype.itemsize
+        vec = vector_width(dtype)
         mode = variant
         nv = n // vec
         if variant == "register":

@@ -34,6 +34,7 @@ from tileops.ops.rope import (
 )
 
 from ..kernel import BuildPlan, Output, TileLangKernel
+from ..row_layout import vector_width
 from . import programs
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -46,11 +47,6 @@ def launch_threads(units: int) -> int:
     blocks leave the fewest threads idle in the token's last block, the largest of those."""
     candidates = range(_WARP, _MAX_THREADS + 1, _WARP)
     return min(candidates, key=lambda threads: (-units % threads, -threads))
-
-
-def vector_width(call: RopeCall) -> int:
-    """Columns per 16-byte access of the call's dtype."""
-    return 16 // call.dtype.itemsize
 
 
 class _TileLangRope(TileLangKernel):
@@ -76,7 +72,7 @@ class _TileLangRope(TileLangKernel):
         if cls.vectorised:
             if not call.aligned:
                 return "needs 16-byte aligned tensors (the general variant serves the others)"
-            vec = vector_width(call)
+            vec = vector_width(call.dtype)
             pairs = call.rotary_dim // 2 if call.style == "neox" else call.rotary_dim
             if call.head_dim % vec or pairs % vec:
                 return (
@@ -99,7 +95,7 @@ class _TileLangRope(TileLangKernel):
     def _widths(self) -> tuple[int, int]:
         """(vec, pass_vec) of this variant."""
         if self.vectorised:
-            vec = vector_width(self.params)
+            vec = vector_width(self.params.dtype)
             return vec, vec
         return (1 if self.params.style == "neox" else 2), 1
 

@@ -43,7 +43,7 @@ import torch
 from tileops.core import DeviceFacts
 
 from ..powers import pow2_ceil
-from ..row_layout import shifts
+from ..row_layout import shifts, vector_width
 from . import programs
 
 #: The dtypes the TileLang kernels take (float64 is served by plain torch).
@@ -96,7 +96,7 @@ def launch_config(
     keep a float32 exponential per element for the write; ``facts``: the GPU's (its SMs and L2
     tell the streamed forward's block size; unknown: none)."""
     shifted = {"shifted": True} if shifts(n, dtype, aligned, pointers_aligned) else {}
-    vec = programs.vector_width(dtype, aligned or bool(shifted))
+    vec = vector_width(dtype, aligned or bool(shifted))
     accesses = n // vec
     if variant == "register":
         # About four accesses per thread, at most 32 elements, at most 1024 threads per row.

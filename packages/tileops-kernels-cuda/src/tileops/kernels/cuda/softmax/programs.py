@@ -53,11 +53,6 @@ MAX_THREADS = 1024
 _LOG2E = 1.4426950408889634
 
 
-def vector_width(dtype: torch.dtype, aligned: bool) -> int:
-    """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
-    return 16 // dtype.itemsize if aligned else 1
-
-
 def rounds_input(dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
     """Whether x is rounded to ``out_dtype`` before the math: torch converts x to the requested
     dtype first, which changes values only where that dtype is not wider."""
