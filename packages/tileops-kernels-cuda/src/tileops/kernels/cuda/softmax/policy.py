@@ -57,8 +57,6 @@ _MIN_BLOCK_THREADS = 128
 #: A softmax forward row this wide (threads at the default elements per thread) or wider takes
 #: half the threads without kept exponentials (``launch_config``).
 _RECOMPUTED_FROM_THREADS = 512
-#: The most elements a halved thread of a shifted row holds (``launch_config``).
-_SHIFTED_HALVED_MOST = 56
 #: The streamed softmax forward's blocks where the rows they hold at once fit in L2.
 _STREAMED_SHORT_THREADS, _STREAMED_SHORT_UNROLL = 512, 8
 _STREAMED_THREADS = 1024
@@ -106,26 +104,19 @@ def launch_config(
             # A row's first 2 * vec threads read its edges; a row this short is a few accesses
             # whichever way it is read.
             return launch_config(variant, n, dtype, False, softmax_forward=softmax_forward, facts=facts)
-        halved_holds = math.ceil(accesses / max(1, tpr // 2)) * vec  # elements a thread of half the threads holds
-        # A shifted row's thread also holds its edge element and the row's geometry: halved at 64
-        # elements a thread, ptxas gave it 70 and 72 registers (30001 and 30522 bf16), so one
-        # 512-thread block per SM, the occupancy halving exists to avoid; at 40, 48 and 56 it gave
-        # 64, 56 and 63, two blocks' worth. Measured on an H100 (GPU time): 2048 x 30522 halved
-        # 146.5 us, full width 120.4; 1000 x 30001 72.8 / 56.8; at 40 elements 4096 x 20001
-        # halved 138.8, full width 178.2. (Element-wise accesses are never halved: 64 of them a
-        # thread ran 15 % slower than 32, 1000 x 30001 bfloat16 on an H100.)
-        if softmax_forward and tpr >= _RECOMPUTED_FROM_THREADS and vec > 1 and not (
-            shifted and halved_holds > _SHIFTED_HALVED_MOST
-        ):
+        # Element-wise accesses are never halved: 64 of them a thread ran 15 % slower than 32
+        # (1000 x 30001 bfloat16 on an H100).
+        if softmax_forward and tpr >= _RECOMPUTED_FROM_THREADS and vec > 1:
             # Kept exponentials (a float32 register per element) leave room for at most two
             # blocks of 512 threads per SM, one of 1024. Half the threads, each holding twice
             # the elements and computing each exponential again for the write (one exp2), take
-            # fewer registers a row in all, so twice the rows share an SM, one loading while
-            # another computes. Measured on an H100 in bf16 (graph replay), GPU time before ->
-            # after: 4096 x 32000 194 -> 178 us, 4096 x 32768 191 -> 187, 3000 x 24576 117 ->
-            # 110, 6000 x 11008 92 -> 88, 2048 x 16384 44.7 -> 43.8; rows of 128 threads and
-            # fewer gained nothing either way (16384 x 4096 87.6 / 87.9 us, 8192 x 2048 21.6 /
-            # 21.4), so they keep theirs.
+            # fewer registers a row in all, so twice the rows share an SM (the build is held
+            # to 64 registers a thread: ``programs``), one loading while another computes.
+            # Measured on an H100 in bf16 (graph replay), GPU time before -> after: 4096 x 32000
+            # 194 -> 178 us, 4096 x 32768 191 -> 187, 3000 x 24576 117 -> 110, 6000 x 11008 92
+            # -> 88, 2048 x 16384 44.7 -> 43.8; rows of 128 threads and fewer gained nothing
+            # either way (16384 x 4096 87.6 / 87.9 us, 8192 x 2048 21.6 / 21.4), so they keep
+            # theirs.
             return {"variant": "register", "vec": vec, "threads": tpr // 2, "rows": 1, "keep": False, **shifted}
         rows = max(1, _MIN_BLOCK_THREADS // tpr)
         return {"variant": "register", "vec": vec, "threads": tpr * rows, "rows": rows, **shifted}

@@ -46,6 +46,8 @@ KINDS = ("forward", "backward")
 VARIANTS = ("register", "streamed")
 PHASES = ("whole", "partial", "finish")
 MAX_THREADS = 1024
+#: Threads an SM runs at once where each takes 64 registers (its 64K 32-bit registers).
+_THREADS_AT_64_REGISTERS = 1024
 #: exp(d) is computed as exp2(d * log2(e)): one MUFU instruction where CUDA's precise expf spends
 #: about ten; the per-element exponentials were the register kernel's bottleneck on rows of 32000
 #: (compute, not memory, set its time with one 1024-thread block per SM). d = x - max is formed
@@ -171,6 +173,17 @@ def make_program(
 
     if variant == "register":
         iters = math.ceil(nv / tpr)  # accesses per thread
+        # A build that keeps no exponentials exists to run two blocks per SM where one that
+        # does runs one, so ptxas is told that two must fit. Left to itself, it gave halved
+        # 512-thread blocks 70-72 registers a thread (bfloat16 rows of 30001, 30522, 24576: one
+        # block per SM); bounded, 64 and no spills. Measured on an H100 (GPU time, bf16),
+        # halved build unbounded -> bounded: 2048 x 30522 146.6 -> 100.4 us (full width 120.3,
+        # Liger-Kernel 133.8), 1000 x 30001 72.5 -> 54.1, 3000 x 24576 108.4 -> 99.9; unchanged
+        # where two fitted already (4096 x 32000 177.0, 6000 x 11008 89.8, and 256-thread
+        # blocks: 2048 x 16384 47.3). Four 256-thread blocks would cap those at 64 registers
+        # too, where 16384-element rows spill (172 bytes), and a kept-exponential build of 1024
+        # threads at two blocks would get 32: neither is asked.
+        resident_blocks = 2 if not keep and 2 * threads <= _THREADS_AT_64_REGISTERS else 1
 
         def row_index(bx, tx):
             return T.cast(bx, "int64") * rows + tx // tpr
@@ -180,6 +193,8 @@ def make_program(
             @T.prim_func
             def main(x: T.Tensor((m, n), dt), y: T.Tensor((m, n), odt)):
                 with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
+                    if resident_blocks > 1:
+                        T.annotate_min_blocks_per_sm(resident_blocks)
                     xf, yf = T.reshape(x, (m * n,)), T.reshape(y, (m * n,))
                     tx = T.get_thread_binding()
                     lane = tx % tpr
