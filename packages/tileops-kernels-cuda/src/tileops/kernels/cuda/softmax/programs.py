@@ -179,10 +179,10 @@ def make_program(
         # block per SM); bounded, 64 and no spills. Measured on an H100 (GPU time, bf16),
         # halved build unbounded -> bounded: 2048 x 30522 146.6 -> 100.4 us (full width 120.3,
         # Liger-Kernel 133.8), 1000 x 30001 72.5 -> 54.1, 3000 x 24576 108.4 -> 99.9; unchanged
-        # where two fitted already (4096 x 32000 177.0, 6000 x 11008 89.8, and 256-thread
-        # blocks: 2048 x 16384 47.3). Four 256-thread blocks would cap those at 64 registers
-        # too, where 16384-element rows spill (172 bytes), and a kept-exponential build of 1024
-        # threads at two blocks would get 32: neither is asked.
+        # where two fitted already (4096 x 32000 177.0, 2048 x 16384 47.3, 6000 x 11008 89.8).
+        # Four 256-thread blocks would cap those at 64 registers too, where a halved 16384-element
+        # row spills (172 bytes, ptxas), and a 1024-thread build at two blocks would get 32:
+        # neither is asked.
         resident_blocks = 2 if not keep and 2 * threads <= _THREADS_AT_64_REGISTERS else 1
 
         def row_index(bx, tx):
