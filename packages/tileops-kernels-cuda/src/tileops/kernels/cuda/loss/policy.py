@@ -21,7 +21,7 @@ element (``row_layout``); only a misaligned data pointer leaves one element per 
 
 These rules were written from the H200's facts (132 SMs, 16-byte accesses). Timed against their
 tuning candidates on an H100 (bf16, 1024-8192 rows of 30522-128256): the grad step's default was
-within 1.5 % of the best candidate everywhere, and the rows step's within 2 % but at 4096 x 50257
+within 1 % of the best candidate everywhere, and the rows step's within 2.5 % but at 4096 x 50257
 (152.8 us; 256 threads 146.1, which lost at 1024 x 128256 and 8192 x 32768). ``rows_candidates``
 and ``grad_candidates`` (and ``tier_candidates`` on a call a split build serves) are what
 ``request_tune`` times.
