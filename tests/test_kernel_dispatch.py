@@ -222,6 +222,19 @@ def test_contract_mistakes_raise_when_the_op_is_constructed(scoped_registry, ker
         LayerNormFwdOp(128)
 
 
+def test_a_forward_replaced_after_an_op_was_built_is_checked_again(scoped_registry, monkeypatch):
+    # Op construction remembers each forward's signature (it is checked on every construction):
+    # the memory is the function's, so a class given another forward is checked anew.
+    class _Patched(_TorchLayerNorm):
+        pass
+
+    register_kernel_type("LayerNormFwdOp", "patched", _Patched)
+    LayerNormFwdOp(128)
+    monkeypatch.setattr(_Patched, "forward", _WrongForward.forward)
+    with pytest.raises(BackendError, match=r"'patched' .*forward takes \(x, bias\)"):
+        LayerNormFwdOp(128)
+
+
 def test_an_implementation_of_another_ops_interface_is_refused(scoped_registry):
     class _RMSForLayerNorm(Kernel, RMSNormFwdInterface):
         @classmethod
