@@ -104,7 +104,7 @@ class _LinearLossOp(_ReducedLossOp):
         losses, lse = self.rows_of(logits, chunk_targets)
         if grad_hidden is None and grad_weight is None and grad_bias is None:
             return losses.sum()
-        softmax_scale, target_scale = self.coefficients(unit, None, chunk_targets, lse.to(wide))
+        softmax_scale, target_scale = self.coefficients(unit, None, self.kept(chunk_targets), lse.to(wide))
         dlogits = self.gradient(logits, chunk_targets, lse.to(wide), softmax_scale, target_scale, logits)
         if grad_hidden is not None:
             torch.matmul(dlogits, weight, out=grad_hidden[part])

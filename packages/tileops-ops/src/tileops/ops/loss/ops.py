@@ -104,11 +104,14 @@ class _LossOp(Op):
         )
         return kernel.forward(logits, target_ids, lse, softmax_scale, target_scale, dlogits)
 
-    def coefficients(self, row_gradient, dlse, target_ids, lse) -> tuple[torch.Tensor, torch.Tensor]:
+    def kept(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Whether each row's target is not ``ignore_index``."""
+        return target_ids != self.params["ignore_index"]
+
+    def coefficients(self, row_gradient, dlse, keep, lse) -> tuple[torch.Tensor, torch.Tensor]:
         """(softmax_scale, target_scale) of the grad step: ``row_gradient`` (each row's loss
-        gradient, a tensor of one element or N) zeroed on ignored rows, then z-loss's factor and
-        lse's own gradient on the softmax term."""
-        keep = target_ids != self.params["ignore_index"]
+        gradient, a tensor of one element or N) zeroed on the rows ``keep`` leaves out (ignored
+        targets), then z-loss's factor and lse's own gradient on the softmax term."""
         target_scale = torch.where(keep, row_gradient.to(lse.dtype), 0.0)
         scale = self.params["lse_square_scale"]
         softmax_scale = target_scale * (1.0 + 2.0 * scale * lse) if scale else target_scale
@@ -197,9 +200,10 @@ class CrossEntropyBwdOp(_ReducedLossOp):
     def forward(self, dloss, dlse, logits, target_ids, lse):
         lse = self.wide_lse(logits, lse)
         row_gradient = dloss.to(lse.dtype)
+        keep = self.kept(target_ids)  # once: a launch of its own on CUDA, as each op here is
         if self.params["reduction"] == "mean":
-            row_gradient = row_gradient / (target_ids != self.params["ignore_index"]).sum()
-        softmax_scale, target_scale = self.coefficients(row_gradient, dlse, target_ids, lse)
+            row_gradient = row_gradient / keep.sum()
+        softmax_scale, target_scale = self.coefficients(row_gradient, dlse, keep, lse)
         return self.gradient(logits, target_ids, lse, softmax_scale, target_scale, torch.empty_like(logits))
 
 
@@ -222,5 +226,5 @@ class CrossEntropyPerRowBwdOp(_PerRowLossOp):
 
     def forward(self, dloss, dlse, logits, target_ids, lse):
         lse = self.wide_lse(logits, lse)
-        softmax_scale, target_scale = self.coefficients(dloss.to(lse.dtype), dlse, target_ids, lse)
+        softmax_scale, target_scale = self.coefficients(dloss.to(lse.dtype), dlse, self.kept(target_ids), lse)
         return self.gradient(logits, target_ids, lse, softmax_scale, target_scale, torch.empty_like(logits))
