@@ -143,7 +143,7 @@ def _forward_parameters(cls: type) -> tuple[str, ...] | None:
 
 # Cached by the function (a class whose forward is replaced gets the new one's): every op
 # construction checks each implementation's forward, and inspect.signature took 85 % of it. A
-# LayerNormFwdOp, built with its four backward ops, took 2.2 ms uncached, 0.74 ms cached.
+# differentiable op with four backward ops took 2.2 ms to construct uncached, 0.74 ms cached.
 @functools.cache
 def _positional_parameters(forward: Callable[..., Any]) -> tuple[str, ...] | None:
     params = list(inspect.signature(forward).parameters.values())[1:]
