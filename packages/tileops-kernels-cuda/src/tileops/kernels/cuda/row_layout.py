@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import torch
 
+from tileops.ops.vector_access import VECTOR_BYTES
+
 #: int64 registers a shifted layout keeps per row (``RowLayout.locate``).
 GEOMETRY = 4
-#: Bytes of one vector access: CUDA's widest load and store, allowed at 16-byte aligned addresses.
-ACCESS_BYTES = 16
 
 
 def vector_width(dtype: torch.dtype, aligned: bool = True) -> int:
     """The elements of one access: 16 bytes' worth where the call is aligned, else 1."""
-    return ACCESS_BYTES // dtype.itemsize if aligned else 1
+    return VECTOR_BYTES // dtype.itemsize if aligned else 1
 
 
 def shifts(n: int, dtype: torch.dtype, aligned: bool, pointers_aligned: bool) -> bool:
