@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pathlib
 import tempfile
 
 import hypothesis
@@ -14,6 +16,22 @@ from tileops.core.registry import journal
 
 # Tuned kernel configurations go to a folder of the test session's own, never the user's cache.
 os.environ["TILEOPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="tileops-test-cache-")
+
+
+def _compiled_graph_cache() -> str:
+    """A torch.compile cache folder for the tests, one per state of what a compiled graph of the
+    ops depends on: the manifests (the custom ops' schemas) and the tracing and autograd code (how
+    they are defined and differentiated). torch's on-disk caches key a graph by the names of the
+    custom ops in it, not by their schemas or backward formulas (pytorch/pytorch#144344), so a
+    graph compiled before an op's manifest entry changed would be reused, and fail, after it."""
+    src = pathlib.Path(__file__).resolve().parents[1] / "packages"
+    digest = hashlib.sha256()
+    for path in sorted([*src.glob("*/src/tileops/ops/manifest/*.yaml"), *src.glob("tileops-core/src/tileops/core/*.py")]):
+        digest.update(path.read_bytes())
+    return os.path.join(tempfile.gettempdir(), f"tileops-test-compiled-{digest.hexdigest()[:16]}")
+
+
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = _compiled_graph_cache()
 
 # In CI the property tests draw the same examples on every run (a failure there is reproduced
 # by any rerun, never a one-off); elsewhere each run explores new ones.

@@ -87,6 +87,9 @@ class Differentiation:
             else:  # the loader has checked that it is d<output>
                 self.sources.append((_GRAD, outputs.index(t.name[1:])))
         backward_outputs = [t.name for t in backward.outputs]
+        #: Per backward input fed by an output's gradient: whether the backward op takes None
+        #: for it (an optional input), so that an output the graph never used costs no zeros.
+        self._grad_optional = tuple(t.optional for t in backward.inputs)
         #: Per forward input: the position of its gradient among the backward op's outputs, or None.
         self.gradient_of = tuple(
             backward_outputs.index(decl.grads[name]) if name in decl.grads else None for name in inputs
@@ -244,9 +247,21 @@ class Differentiation:
         saved = self.complete_saved(op, call.inputs, outputs, saved, wanted)
         return tuple(saved[i] for i in self._consumed)
 
-    def backward_arguments(self, grads: Sequence[Any], kept: Sequence[Any]) -> list:
-        """The backward op's inputs, in its order, from the incoming gradients and ``kept``."""
+    def backward_arguments(self, grads: Sequence[Any], kept: Sequence[Any], outputs: Sequence[Any]) -> list:
+        """The backward op's inputs, in its order, from the incoming gradients and ``kept``.
+
+        A gradient may be None where the graph never used its output (an eager node leaves
+        such gradients unmaterialised): the backward op receives None where it takes the
+        input as optional (an auxiliary output a training step ignores: no zeros made, and
+        none summed), and zeros of the output's description (``outputs``: (shape, dtype, device) per output)
+        where it needs a tensor."""
         n_inputs, n_outputs = len(self._kept_inputs), len(self._kept_outputs)
+        if any(g is None for g in grads):
+            grads = list(grads)
+            for (kind, index), optional in zip(self.sources, self._grad_optional):
+                if kind == _GRAD and grads[index] is None and not optional:
+                    shape, dtype, device = outputs[index]
+                    grads[index] = torch.zeros(shape, dtype=dtype, device=device)
         pools = {
             _GRAD: grads,
             _INPUT: dict(zip(self._kept_inputs, kept[:n_inputs])),
@@ -327,6 +342,9 @@ class _Node(torch.autograd.Function):
         # Decided on the call's inputs: a non-contiguous one is already the call path's own copy.
         ctx.overwrite = op.in_place_backward_op is not None and wiring.may_overwrite(inputs)
         ctx.overwritten = False
+        # An output the graph never uses reaches the backward as None, not as zeros torch made.
+        ctx.set_materialize_grads(False)
+        ctx.outputs = [(t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for t in outputs]
         return result
 
     @staticmethod
@@ -344,7 +362,7 @@ class _Node(torch.autograd.Function):
                 f"cannot run: the first wrote its gradients over {names}; build the op with {CONSUME_INPUTS}=False to "
                 "run the backward more than once"
             )
-        arguments = wiring.backward_arguments(grads, wiring.join_consumed(ctx.saved_tensors, consumed or ()))
+        arguments = wiring.backward_arguments(grads, wiring.join_consumed(ctx.saved_tensors, consumed or ()), ctx.outputs)
         if ctx.overwrite:
             results = op.in_place_backward_op(*arguments)
             ctx.overwritten = True
@@ -374,12 +392,13 @@ def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of)
         # A statistic saved for an input that wants no gradient came back as an empty placeholder.
         saved = [None if skip else value for value, skip in zip(output[n_outputs:], wiring.unwanted(wanted))]
         ctx.save_for_backward(*wiring.kept(inputs[:n_inputs], output[:n_outputs], saved))
+        ctx.outputs = [(t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for t in output[:n_outputs]]
 
     def backward(ctx, *grads):
         op = instance_of(ctx.key)
         wiring = op.differentiation
         refuse_double_backward(type(op).__name__, wiring.backward.name)
-        arguments = wiring.backward_arguments(grads[:n_outputs], ctx.saved_tensors)
+        arguments = wiring.backward_arguments(grads[:n_outputs], ctx.saved_tensors, ctx.outputs)
         backward_op = op.backward_op_for(ctx.needs_input_grad[:n_inputs], ctx.present)
         custom = type(backward_op)._custom_op  # set on the class itself when it was constructed
         n_exec = len(wiring.backward.exec_args)
