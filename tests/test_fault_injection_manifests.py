@@ -254,6 +254,29 @@ def test_an_in_place_backward_that_does_not_fit_its_forward_is_a_manifest_error_
     _assert_other_ops_still_work()
 
 
+LOSSES = (ROOT / "manifest/loss.yaml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("new", "phrase"),
+    [
+        ("    incoming: {loss: one, lse: zero}\n", "expected one of one, none, got 'zero'"),
+        ("    incoming: {loss: one, logits: none}\n", "unknown field(s) 'logits'"),
+        ("    incoming: {loss: none, lse: none}\n", "leaves every output unused"),
+    ],
+    ids=["unknown-kind", "not-an-output", "nothing-differentiated"],
+)
+def test_what_a_training_step_hands_the_outputs_is_checked_by_name(new, phrase):
+    old = "    incoming: {loss: one, lse: none}\n"
+    assert old in LOSSES
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(LOSSES.replace(old, new, 1), SOURCE)
+    message = str(info.value)
+    assert message.startswith(f"{SOURCE}, op CrossEntropyFwdOp, field backward.incoming"), message
+    assert phrase in message, message
+    _assert_other_ops_still_work()
+
+
 def test_a_workload_of_the_wrong_shapes_is_left_to_check_and_reported_there(capsys, tmp_path):
     # The loader evaluates constraints only where the workload's shapes fit the signature.
     path = tmp_path / SOURCE

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from tileops.backend import OpArgumentError
 from tileops.ops import (
     FAMILIES,
+    CrossEntropyBwdOp,
     CrossEntropyFwdOp,
     CrossEntropyPerRowFwdOp,
     LinearCrossEntropyFwdOp,
@@ -30,14 +31,15 @@ CASES = list(workload_cases(FAMILIES["loss"]))
 
 def _reference_bytes(case) -> int:
     """GPU memory the float64 reference of a workload takes at its peak: (rows, V) float64 tensors,
-    three in a forward and five in a backward (autograd's saved tensors and the gradient). H100,
-    80 GiB: the forward of 16k rows x 151936 fitted; its backward asked 18.55 GiB more beside 72."""
+    three in a forward and five in a backward (autograd's saved tensors and the gradient), two more
+    for the cross-entropy backward's grad_logits, derived by float64 autograd. H100, 80 GiB: the
+    forward of 16k rows x 151936 fitted; its backward asked 18.55 GiB more beside 72."""
     shapes = case.workload.shapes
     if "logits" in shapes:
         rows, vocab = math.prod(shapes["logits"][:-1]), shapes["logits"][-1]
     else:  # the fused linear loss: hidden_states (rows, H) x weight (V, H)
         rows, vocab = shapes["hidden_states"][0], shapes["weight"][0]
-    copies = 5 if case.op_class.__name__.endswith("BwdOp") else 3
+    copies = {"CrossEntropyBwdOp": 7}.get(case.op_class.__name__, 5 if case.op_class.__name__.endswith("BwdOp") else 3)
     return copies * rows * vocab * 8
 
 
@@ -53,9 +55,9 @@ def test_every_workload_matches_the_reference_on_cuda(case):
     if not case.op_class.kernel_interfaces:  # LinearCrossEntropyBwdOp scales the gradients with torch
         assert keys == set(), keys
     elif case.dtype == torch.float64:
-        assert keys <= {"torch_float64", "torch_float64_grad"}, keys
+        assert keys <= {"torch_float64", "torch_float64_grad", "torch_float64_scale"}, keys
     else:
-        assert keys and keys <= {"tilelang", "tilelang_grad"}, keys
+        assert keys and keys <= {"tilelang", "tilelang_grad", "tilelang_scale"}, keys
 
 
 def _case(rows, vocab, dtype, seed=0):
@@ -113,9 +115,47 @@ def test_an_odd_vocabulary_takes_16_byte_accesses_over_each_row_s_middle_in_both
     reference = logits.double().requires_grad_()
     F.cross_entropy(reference, target_ids, label_smoothing=0.1).backward()
     torch.testing.assert_close(x.grad.double(), reference.grad, atol=2e-3, rtol=0)
-    kernels = [kernel for built in (op, op.backward_op) for _, kernel in built.built_kernels()]
-    assert {key for built in (op, op.backward_op) for key, _ in built.built_kernels()} == {"tilelang", "tilelang_grad"}
-    assert all(kernel.config["shifted"] is True and kernel.config["vec"] == 8 for kernel in kernels)
+    # The training step: the fused step forward, the scale backward (skipping its pass: dloss is 1).
+    assert {key for key, _ in op.built_kernels()} == {"tilelang_fused"}
+    assert {key for key, _ in op.backward_op.built_kernels()} == {"tilelang_scale"}
+    (_, fused), = op.built_kernels()
+    assert fused.config["shifted"] is True and fused.config["vec"] == 8
+    with torch.no_grad():
+        op(logits, target_ids)
+    (_, rows), = [(key, kernel) for key, kernel in op.built_kernels() if key == "tilelang"]
+    assert rows.config["shifted"] is True and rows.config["vec"] == 8
+
+
+@pytest.mark.parametrize("rows", [5, 300], ids=["split-rows-step", "fused-step"])
+def test_a_training_step_from_the_loss_and_one_that_also_differentiates_lse(rows):
+    """loss.backward() leaves the forward's gradient as it is (the scale skips dloss = 1); an lse
+    that is differentiated too has the backward compute the gradient again from the logits."""
+    logits, target_ids = _case(rows, 32000, torch.bfloat16)
+    op = CrossEntropyFwdOp(lse_square_scale=1e-4)
+    reference = logits.double().requires_grad_()
+    expected = _torch_loss(reference, target_ids, lse_square_scale=1e-4)
+    x = logits.clone().requires_grad_()
+    loss, lse = op(x, target_ids)
+    loss.backward()
+    expected.backward(retain_graph=True)
+    torch.testing.assert_close(x.grad.double(), reference.grad, atol=2e-3, rtol=0)
+    x.grad, reference.grad = None, None
+    dlse = torch.randn(rows, device="cuda")
+    loss, lse = op(x, target_ids)
+    torch.autograd.backward((loss, lse), (torch.tensor(3.0, device="cuda", dtype=torch.bfloat16), dlse))
+    torch.autograd.backward((expected, torch.logsumexp(reference, -1)), (torch.tensor(3.0, device="cuda", dtype=torch.float64), dlse.double()))
+    torch.testing.assert_close(x.grad.double(), reference.grad, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("vocab", [1000, 1001])
+def test_the_scale_step_multiplies_in_place_and_a_factor_of_one_leaves_the_gradient_as_it_is(vocab):
+    op = CrossEntropyBwdOp()
+    grad = torch.randn(7, vocab, device="cuda").to(torch.bfloat16)
+    before = grad.clone()
+    assert op.scaled(grad, torch.tensor(1.0, device="cuda", dtype=torch.bfloat16)) is grad
+    assert torch.equal(grad, before)
+    op.scaled(grad, torch.tensor(-2.0, device="cuda", dtype=torch.bfloat16))
+    assert torch.equal(grad, before * -2.0)
 
 
 def test_every_row_ignored_gives_nan_for_the_mean_and_zero_gradients():

@@ -100,6 +100,57 @@ def test_the_gradient_of_lse_is_the_softmax():
     torch.testing.assert_close(x.grad, torch.softmax(logits, -1) * dlse.double()[:, None])
 
 
+def test_the_backward_of_a_loss_whose_lse_goes_unused_receives_no_lse_gradient(monkeypatch):
+    """An output the graph never used reaches the backward op as None where it takes that
+    gradient as optional: no zeros are made and summed (two launches of a training step on CUDA);
+    where only lse is used, the loss's gradient, which the backward op needs, comes as zeros."""
+    received = []
+    forward = CrossEntropyBwdOp.forward
+
+    def spy(self, dloss, dlse, *rest):
+        received.append((dloss, dlse))
+        return forward(self, dloss, dlse, *rest)
+
+    monkeypatch.setattr(CrossEntropyBwdOp, "forward", spy)
+    logits, target_ids = _logits_and_targets(rows=4, vocab=10)
+    x = logits.clone().requires_grad_()
+    loss, _ = CrossEntropyFwdOp()(x, target_ids)
+    loss.backward()
+    (dloss, dlse), = received
+    assert dlse is None and dloss.item() == 1.0
+    expected = logits.clone().requires_grad_()
+    F.cross_entropy(expected, target_ids).backward()
+    torch.testing.assert_close(x.grad, expected.grad)
+    received.clear()
+    _, lse = CrossEntropyFwdOp()(logits.clone().requires_grad_(), target_ids)
+    lse.sum().backward()
+    (dloss, dlse), = received
+    assert dloss.shape == () and dloss.item() == 0.0 and torch.equal(dlse, torch.ones(4))
+
+
+def test_a_benchmarked_training_step_starts_from_the_loss_and_leaves_lse_unused():
+    from tileops.cli.bench_training import incoming_grads
+
+    loss, lse = torch.tensor(2.0), torch.zeros(3)
+    ones, unused = incoming_grads(CrossEntropyFwdOp.manifest_entry(), (loss, lse))
+    assert torch.equal(ones, torch.ones(())) and unused is None
+    per_row, unused = incoming_grads(CrossEntropyPerRowFwdOp.manifest_entry(), (lse, lse))
+    assert per_row.shape == (3,) and unused is None
+    # The backward op alone is timed on what that step hands it: dloss 1, no dlse.
+    from tileops.cli.bench_training import backward_inputs, backward_of
+    from tileops.core.manifest import Workload
+
+    entry = CrossEntropyFwdOp.manifest_entry()
+    backward, _ = backward_of(CrossEntropyFwdOp)
+    logits, target_ids = _logits_and_targets(rows=3, vocab=10, dtype=torch.float32)
+    workload = Workload("step", {"logits": (3, 10), "target_ids": (3,)}, (torch.float32,), {})
+    params = dict(CrossEntropyFwdOp().params)
+    made = backward_inputs(entry, backward, workload, {"logits": logits, "target_ids": target_ids}, (loss, lse), params,
+                           torch.float32, "cpu")
+    assert "dlse" not in made and torch.equal(made["dloss"], torch.ones(()))
+    assert made["grad_logits"].shape == (3, 10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_low_precision_logits_compute_in_float32(dtype):
     logits, target_ids = _logits_and_targets(rows=16, vocab=1001, dtype=dtype)
@@ -145,14 +196,25 @@ def test_edge_shapes():
     assert loss.isnan() and lse.shape == (0,)
 
 
-def test_the_backward_op_alone():
+def test_the_backward_op_alone_scales_the_saved_gradient_in_place_or_computes_it_again_for_dlse():
     logits, target_ids = _logits_and_targets(rows=6, vocab=20)
     op = CrossEntropyBwdOp(reduction="sum", lse_square_scale=0.1)
     lse = torch.logsumexp(logits, -1).float()
-    dloss = torch.tensor(2.0, dtype=torch.float64)
     x = logits.clone().requires_grad_()
-    _torch_loss(x, target_ids, reduction="sum", lse_square_scale=0.1).backward(dloss)
-    torch.testing.assert_close(op(dloss, None, logits, target_ids, lse), x.grad)
+    _torch_loss(x, target_ids, reduction="sum", lse_square_scale=0.1).backward()
+    unit = x.grad.clone()
+    dloss = torch.tensor(2.0, dtype=torch.float64)
+    saved = unit.clone()
+    dlogits = op(dloss, None, logits, target_ids, lse, saved)
+    assert dlogits is saved
+    torch.testing.assert_close(dlogits, 2.0 * unit)
+    # With lse's gradient the saved one cannot serve: the gradient comes from the logits, over it.
+    dlse = torch.randn(6)
+    x.grad = None
+    loss = _torch_loss(x, target_ids, reduction="sum", lse_square_scale=0.1)
+    torch.autograd.backward((loss, torch.logsumexp(x, -1)), (dloss, dlse.double()))
+    stale = torch.full_like(unit, float("nan"))
+    torch.testing.assert_close(op(dloss, dlse, logits, target_ids, lse, stale), x.grad)
 
 
 def test_out_of_range_targets_are_refused_by_name():

@@ -11,7 +11,14 @@ from helpers import run_python, tuning_timed_by_config
 from tileops.core import DeviceFacts
 from tileops.kernels.cuda import loss as kernels
 from tileops.kernels.cuda.loss import KERNELS, policy, programs
-from tileops.ops.loss import CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyGradInterface, CrossEntropyRowsInterface
+from tileops.ops.loss import (
+    CrossEntropyBwdOp,
+    CrossEntropyFusedInterface,
+    CrossEntropyFwdOp,
+    CrossEntropyGradInterface,
+    CrossEntropyRowsInterface,
+    CrossEntropyScaleInterface,
+)
 
 CUDA = torch.device("cuda", 0)
 
@@ -73,6 +80,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))
     monkeypatch.setattr(kernel_module.TileLangKernel, "_launch_function", compiled)
     monkeypatch.setattr(kernels.CrossEntropyRowsKernel, "_launch_function", compiled)
+    monkeypatch.setattr(kernels.CrossEntropyFusedKernel, "_launch_function", compiled)
     return launched
 
 
@@ -133,12 +141,44 @@ def test_the_grad_kernel_writes_the_tensor_it_is_given(launches):
     assert tensors[0] is logits and tensors[-1] is logits and config == {"vec": 1, **policy.GRAD}
 
 
+def test_the_fused_kernel_runs_one_block_per_row_where_rows_fill_the_gpu_else_the_split_rows_step(launches):
+    op = CrossEntropyFwdOp(lse_square_scale=1e-4)
+    kernel = KERNELS[CrossEntropyFusedInterface]["tilelang_fused"](
+        op.call_spec(CrossEntropyFusedInterface, CUDA, torch.bfloat16, 256000, torch.int64, True, True)
+    )
+    unit = torch.tensor(0.5)
+    for rows, splits in ((2, 15), (65, None)):
+        logits, target_ids = torch.zeros(rows, 256000, dtype=torch.bfloat16), torch.zeros(rows, dtype=torch.long)
+        grad = torch.empty_like(logits)
+        loss, lse = kernel.forward(logits, target_ids, unit, grad)
+        config, tensors = launches[-1]
+        assert tensors[:4] == (logits, target_ids, unit, grad) and tensors[4] is loss and tensors[5] is lse
+        assert loss.shape == lse.shape == (rows,) and loss.dtype == lse.dtype == torch.float32
+        assert config.get("splits") == splits
+    assert config == policy.fused_config(torch.bfloat16, 256000, True, True)
+
+
+def test_the_scale_kernel_scales_the_gradient_it_is_given_as_one_flat_run(launches):
+    op = CrossEntropyBwdOp()
+    kernel = KERNELS[CrossEntropyScaleInterface]["tilelang_scale"](
+        op.call_spec(CrossEntropyScaleInterface, CUDA, torch.bfloat16, 1000, torch.int64, True, True)
+    )
+    grad, factor = torch.zeros(3, 1000, dtype=torch.bfloat16), torch.tensor(2.0, dtype=torch.bfloat16)
+    assert kernel.forward(grad, factor) is grad
+    config, (flat, one) = launches[-1]
+    assert flat.shape == (3000,) and flat.data_ptr() == grad.data_ptr() and one.shape == (1,)
+    assert config == {"vec": 8, **policy.SCALE, "blocks": 8 * 132}
+
+
 def test_a_program_of_every_kind_is_built_without_compiling():
     pytest.importorskip("tilelang")
     for vec, softcap in ((1, None), (8, 30.0)):
         programs.make_partial(torch.bfloat16, 1024, softcap, vec=vec, threads=64, unroll=2, splits=3)
         programs.make_finish(torch.bfloat16, 1024, torch.int32, softcap, splits=3, ignore_index=-100, smoothing=0.1, z_scale=1e-4)
         programs.make_grad(torch.bfloat16, 1024, torch.int64, softcap, vec=vec, threads=128, per_thread=2, smoothing=0.0)
+        programs.make_fused(torch.bfloat16, 1024, torch.int64, softcap, vec=vec, threads=64, unroll=2,
+                            ignore_index=-100, smoothing=0.1, z_scale=1e-4)
+        programs.make_scale(torch.bfloat16, vec=vec, threads=128, per_thread=2, blocks=264)
     with pytest.raises(ValueError, match="bad configuration"):
         programs.make_partial(torch.bfloat16, 1001, None, vec=8, threads=64, unroll=2, splits=1)
     with pytest.raises(ValueError, match="unknown kind"):
@@ -161,6 +201,10 @@ for kind, dtype, vocab, target_dtype, softcap, config in [
     # An odd V in aligned tensors: 16-byte accesses over each row's aligned middle (shifted).
     ("partial", torch.bfloat16, 50257, torch.int64, None, policy.rows_config(torch.bfloat16, 50257, False, True)),
     ("grad", torch.bfloat16, 50257, torch.int64, None, {**policy.grad_config(torch.bfloat16, 50257, False, True), "smoothing": 0.0}),
+    # A reduced loss's training step: both passes in one block per row, every option on.
+    ("fused", torch.bfloat16, 50257, torch.int32, 30.0,
+     {**policy.fused_config(torch.bfloat16, 50257, False, True), "ignore_index": -100, "smoothing": 0.1, "z_scale": 1e-4}),
+    ("scale", torch.bfloat16, 0, torch.int64, None, policy.scale_config(torch.bfloat16, True, 132)),
 ]:
     kernel = programs.compile_program(kind, dtype, vocab, target_dtype, softcap, target, **config)
     source = kernel.get_kernel_source()
@@ -183,4 +227,6 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
         ["grad", "0", "False", "True", "False"],
         ["partial", "1", "False", "True", "False"],
         ["grad", "2", "False", "True", "False"],
+        ["fused", "3", "True", "True", "True"],  # two reads of the row and the gradient's write
+        ["scale", "2", "False", "False", "False"],
     ], result.stdout[-3000:]

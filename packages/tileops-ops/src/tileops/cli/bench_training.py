@@ -3,9 +3,12 @@
 Each forward workload gives two rows. **forward+backward** is one training step of the op:
 ``outputs = op(...)``, then ``torch.autograd.grad(outputs, inputs, grads)`` for the inputs the
 declaration gives gradients (the gradients are returned, not accumulated into ``.grad``, as for
-a layer inside a network). **backward** is the backward op alone, called on the inputs that
-step hands it: the incoming gradients, the forward's inputs and outputs it names, and the saved
-statistics, computed by the manifest's ``derive`` expressions.
+a layer inside a network). ``grads`` are random, as the layers after the op would hand them,
+except where the declaration's ``incoming`` says otherwise: the objective a step starts its
+backward from gets 1 (``.backward()``), an output a training step does not use none.
+**backward** is the backward op alone, called on the inputs that step hands it: the incoming
+gradients, the forward's inputs and outputs it names, and the saved statistics, computed by the
+manifest's ``derive`` expressions.
 
 The same run times torch eager autograd of the forward's ``torch_api``, ``torch.compile`` of the
 same code and each peer's autograd function (``tileops.cli.peers``): forward+backward as above,
@@ -48,8 +51,18 @@ def outputs_of(result: Any) -> tuple:
     return result if isinstance(result, tuple) else (result,)
 
 
-def _differentiable_outputs(result: Any, grads: Sequence[torch.Tensor]) -> tuple[list, list]:
-    pairs = [(out, grad) for out, grad in zip(outputs_of(result), grads) if isinstance(out, torch.Tensor) and out.requires_grad]
+def incoming_grads(entry: OpEntry, outputs: Sequence[Any]) -> list[torch.Tensor | None]:
+    """The gradient a training step hands each output (``backward.incoming``): 1 for the
+    objective, None for an output it does not use, else a random one."""
+    made = {"one": torch.ones_like, "none": lambda out: None}
+    return [made.get(entry.backward.incoming.get(decl.name), torch.randn_like)(out) for decl, out in zip(entry.outputs, outputs)]
+
+
+def _differentiable_outputs(result: Any, grads: Sequence[torch.Tensor | None]) -> tuple[list, list]:
+    pairs = [
+        (out, grad) for out, grad in zip(outputs_of(result), grads)
+        if isinstance(out, torch.Tensor) and out.requires_grad and grad is not None
+    ]
     if not pairs:
         raise RuntimeError("no output requires grad: the call recorded no autograd history")
     return [out for out, _ in pairs], [grad for _, grad in pairs]
@@ -158,8 +171,18 @@ def backward_inputs(
                 shapes[t.shape_same_as] if t.shape_same_as
                 else t.shape.expand(lambda name: params[name] if params.get(name) is not None else dims.get(name))
             )
+    # What the training step hands the outputs (``backward.incoming``): an unused output's
+    # gradient is left out where the backward op takes it as optional, an objective's is 1.
+    incoming = {f"d{name}": kind for name, kind in decl.incoming.items()}
+    for t in backward.inputs:
+        if incoming.get(t.name) == "none" and t.optional:
+            shapes.pop(t.name, None)
     step = Workload(workload.name, shapes, (dtype,), dict(params))
-    return workload_inputs(backward, step, dtype, device)
+    made = workload_inputs(backward, step, dtype, device)
+    for name, kind in incoming.items():
+        if kind == "one" and name in made:
+            made[name] = torch.ones_like(made[name])
+    return made
 
 
 def bench_training(
@@ -175,7 +198,7 @@ def bench_training(
     arguments = [inputs.get(d.name) for d in entry.inputs]
     with torch.no_grad():
         outputs = outputs_of(op(*arguments))
-    grads = [torch.randn_like(out) for out in outputs]
+    grads = incoming_grads(entry, outputs)
     shape = "x".join(str(d) for d in inputs[entry.inputs[0].name].shape)
     rows = {
         mode: bench.Row(op=op_class.__name__, workload=workload.name, dtype=str(dtype).removeprefix("torch."), shape=shape,

@@ -155,6 +155,9 @@ class BackwardDecl:
     input: a differentiated call computes it only where the input requires grad, and the
     backward op receives None instead (its output for that gradient is then None too).
 
+    ``incoming`` says which outputs a training step starts its backward from (``one``) or
+    leaves unused (``none``); the others get a gradient from the layers after them.
+
     ``in_place`` names a second backward op, of the same inputs and outputs, that writes the
     gradients over forward inputs it reads (its outputs alias them), so that no new tensors of
     their size exist: a forward op built with ``consume_inputs=True`` (a bool param it must
@@ -166,6 +169,10 @@ class BackwardDecl:
     grads: Mapping[str, str]
     saved_for: Mapping[str, str] = dataclasses.field(default_factory=dict)
     in_place: str | None = None
+    #: Output -> what a training step's backward hands it where that is not a gradient of its
+    #: shape from the layers after it: ``one`` (the objective, where ``.backward()`` starts) or
+    #: ``none`` (an output a training step does not use). Benchmarks time that step.
+    incoming: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 #: The forward param that lets a backward declared ``in_place`` write over the forward's inputs.

@@ -444,10 +444,14 @@ def _entry(op: Any, value: Any, source: str) -> OpEntry:
     )
 
 
+#: What a training step hands an output named in ``backward.incoming``.
+INCOMING = ("one", "none")
+
+
 def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outputs: Mapping[str, TensorDecl]) -> BackwardDecl:
     """A forward's ``backward:`` declaration, checked against the forward itself; how it fits
     the backward op's entry is checked once the whole file is read (``_check_backward``)."""
-    spec = _mapping(value, where, {"op", "saves", "grads", "saved_for", "in_place"}, {"op", "grads"})
+    spec = _mapping(value, where, {"op", "saves", "grads", "saved_for", "in_place", "incoming"}, {"op", "grads"})
     op = _str(spec["op"], where.at("op"))
     absent = [name for name, t in outputs.items() if t.absent_without]
     if absent:
@@ -474,7 +478,13 @@ def _backward(value: Any, where: _Where, inputs: Mapping[str, TensorDecl], outpu
                 f"names {shown(target)}, which gets no gradient (grads: {', '.join(grads)}); a statistic is saved for "
                 "an input whose gradient it serves"
             )
-    return BackwardDecl(op, tuple(saves), dict(grads), dict(saved_for), in_place)
+    incoming = _mapping(spec.get("incoming") or {}, where.at("incoming"), set(outputs))
+    for name, kind in incoming.items():
+        if kind not in INCOMING:
+            raise where.at(f"incoming.{name}").error(f"expected one of {', '.join(INCOMING)}, got {shown(kind)}")
+    if outputs and all(incoming.get(name) == "none" for name in outputs):
+        raise where.at("incoming").error("leaves every output unused: a training step differentiates at least one")
+    return BackwardDecl(op, tuple(saves), dict(grads), dict(saved_for), in_place, dict(incoming))
 
 
 def _check_skip_outputs(params: tuple[ParamDecl, ...], outputs: Mapping[str, TensorDecl], where: _Where) -> None:

@@ -5,7 +5,13 @@ backward, and the fused linear cross-entropy; their kernel interfaces and call s
 show them; ``command_line`` holds the peer libraries ``tileops bench`` times beside them.
 """
 
-from .interfaces import CrossEntropyCall, CrossEntropyGradInterface, CrossEntropyRowsInterface
+from .interfaces import (
+    CrossEntropyCall,
+    CrossEntropyFusedInterface,
+    CrossEntropyGradInterface,
+    CrossEntropyRowsInterface,
+    CrossEntropyScaleInterface,
+)
 from .linear import LinearCrossEntropyBwdOp, LinearCrossEntropyFwdOp
 from .ops import CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyPerRowBwdOp, CrossEntropyPerRowFwdOp
 
@@ -22,11 +28,13 @@ __all__ = [
     "OPS",
     "CrossEntropyBwdOp",
     "CrossEntropyCall",
+    "CrossEntropyFusedInterface",
     "CrossEntropyFwdOp",
     "CrossEntropyGradInterface",
     "CrossEntropyPerRowBwdOp",
     "CrossEntropyPerRowFwdOp",
     "CrossEntropyRowsInterface",
+    "CrossEntropyScaleInterface",
     "LinearCrossEntropyBwdOp",
     "LinearCrossEntropyFwdOp",
 ]

@@ -15,7 +15,13 @@ from tileops.core import Kernel
 
 from ..compute_dtypes import compute_dtype
 from ..float64_on_cuda import float64_on_cuda
-from .interfaces import CrossEntropyCall, CrossEntropyGradInterface, CrossEntropyRowsInterface
+from .interfaces import (
+    CrossEntropyCall,
+    CrossEntropyFusedInterface,
+    CrossEntropyGradInterface,
+    CrossEntropyRowsInterface,
+    CrossEntropyScaleInterface,
+)
 
 
 def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
@@ -55,48 +61,72 @@ def row_lse(z: torch.Tensor) -> torch.Tensor:
     return torch.where(top.isfinite(), lse, top)
 
 
+def rows_step(call: CrossEntropyCall, logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``CrossEntropyRowsInterface.forward`` in plain torch."""
+    z = capped(logits, call.softcap)
+    lse = row_lse(z)
+    index, in_range = safe_targets(target_ids, z.shape[-1])
+    picked = z.gather(-1, index[:, None])[:, 0]
+    loss = lse - (1.0 - call.label_smoothing) * picked
+    if call.label_smoothing:
+        loss = loss - call.label_smoothing / z.shape[-1] * z.sum(-1)
+    if call.lse_square_scale:
+        loss = loss + call.lse_square_scale * lse.square()
+    ignored = target_ids == call.ignore_index
+    loss = torch.where(ignored, 0.0, torch.where(in_range, loss, float("nan")))
+    return loss, lse
+
+
+def grad_step(call: CrossEntropyCall, logits, target_ids, lse, softmax_scale, target_scale, dlogits) -> torch.Tensor:
+    """``CrossEntropyGradInterface.forward`` in plain torch."""
+    # Written in place, into dlogits itself where it has the compute dtype (a new tensor per
+    # step of the formula took 1.56 ms on (512, 2000) float32; this, 0.3 ms). exp(z - lse) is
+    # the softmax of z, which torch's softmax kernel computes twice as fast as exp over z;
+    # where dlogits is the logits themselves it is computed element by element instead.
+    wide = compute_dtype(logits.dtype)
+    z = capped(logits, call.softcap)
+    vocab = z.shape[-1]
+    a, b = softmax_scale.to(wide)[:, None], target_scale.to(wide)[:, None]
+    into = dlogits if dlogits.dtype == wide else torch.empty_like(z)
+    if into is z:
+        grad = torch.sub(z, lse.to(wide)[:, None], out=into).exp_()
+    else:
+        grad = torch.ops.aten._softmax.out(z, -1, False, out=into)
+    grad.mul_(a)
+    if call.label_smoothing:
+        grad.sub_(b * (call.label_smoothing / vocab))
+    index, in_range = safe_targets(target_ids, vocab)
+    hit = b[:, 0] * (1.0 - call.label_smoothing) * in_range
+    grad.scatter_add_(-1, index[:, None], -hit[:, None])
+    if call.softcap is not None:  # z is a tensor of its own here, not dlogits
+        grad.mul_(1.0 - (z / call.softcap).square())
+    return dlogits if grad is dlogits else dlogits.copy_(grad)
+
+
 class TorchCpuCrossEntropyRows(_TorchLoss, CrossEntropyRowsInterface):
     def forward(self, logits, target_ids):
-        call = self.call
-        z = capped(logits, call.softcap)
-        lse = row_lse(z)
-        index, in_range = safe_targets(target_ids, z.shape[-1])
-        picked = z.gather(-1, index[:, None])[:, 0]
-        loss = lse - (1.0 - call.label_smoothing) * picked
-        if call.label_smoothing:
-            loss = loss - call.label_smoothing / z.shape[-1] * z.sum(-1)
-        if call.lse_square_scale:
-            loss = loss + call.lse_square_scale * lse.square()
-        ignored = target_ids == call.ignore_index
-        loss = torch.where(ignored, 0.0, torch.where(in_range, loss, float("nan")))
-        return loss, lse
+        return rows_step(self.call, logits, target_ids)
 
 
 class TorchCpuCrossEntropyGrad(_TorchLoss, CrossEntropyGradInterface):
     def forward(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits):
-        # Written in place, into dlogits itself where it has the compute dtype (a new tensor per
-        # step of the formula took 1.56 ms on (512, 2000) float32; this, 0.3 ms). exp(z - lse) is
-        # the softmax of z, which torch's softmax kernel computes twice as fast as exp over z;
-        # where dlogits is the logits themselves it is computed element by element instead.
+        return grad_step(self.call, logits, target_ids, lse, softmax_scale, target_scale, dlogits)
+
+
+class TorchCpuCrossEntropyFused(_TorchLoss, CrossEntropyFusedInterface):
+    def forward(self, logits, target_ids, unit, grad):
+        # The two steps one after the other: the CPU gains nothing from one pass of its own.
         call = self.call
-        wide = compute_dtype(logits.dtype)
-        z = capped(logits, call.softcap)
-        vocab = z.shape[-1]
-        a, b = softmax_scale.to(wide)[:, None], target_scale.to(wide)[:, None]
-        into = dlogits if dlogits.dtype == wide else torch.empty_like(z)
-        if into is z:
-            grad = torch.sub(z, lse.to(wide)[:, None], out=into).exp_()
-        else:
-            grad = torch.ops.aten._softmax.out(z, -1, False, out=into)
-        grad.mul_(a)
-        if call.label_smoothing:
-            grad.sub_(b * (call.label_smoothing / vocab))
-        index, in_range = safe_targets(target_ids, vocab)
-        hit = b[:, 0] * (1.0 - call.label_smoothing) * in_range
-        grad.scatter_add_(-1, index[:, None], -hit[:, None])
-        if call.softcap is not None:  # z is a tensor of its own here, not dlogits
-            grad.mul_(1.0 - (z / call.softcap).square())
-        return dlogits if grad is dlogits else dlogits.copy_(grad)
+        loss, lse = rows_step(call, logits, target_ids)
+        target_scale = torch.where(target_ids != call.ignore_index, unit.to(lse.dtype), 0.0)
+        softmax_scale = target_scale * (1.0 + 2.0 * call.lse_square_scale * lse)
+        grad_step(call, logits, target_ids, lse, softmax_scale, target_scale, grad)
+        return loss, lse
+
+
+class TorchCpuCrossEntropyScale(_TorchLoss, CrossEntropyScaleInterface):
+    def forward(self, grad, factor):
+        return grad.mul_(factor)
 
 
 #: key -> class per interface: the CPU implementations, and the float64 ones on CUDA. A key names
@@ -109,5 +139,7 @@ IMPLEMENTATIONS = {
     for interface, cpu_class, suffix in (
         (CrossEntropyRowsInterface, TorchCpuCrossEntropyRows, ""),
         (CrossEntropyGradInterface, TorchCpuCrossEntropyGrad, "_grad"),
+        (CrossEntropyFusedInterface, TorchCpuCrossEntropyFused, "_fused"),
+        (CrossEntropyScaleInterface, TorchCpuCrossEntropyScale, "_scale"),
     )
 }

@@ -1,7 +1,7 @@
 """The loss family's kernel interfaces and call specs: the contract every implementation of the
 cross-entropy row kernels (in-tree or a backend's) is written against.
 
-Two steps serve every op of the family, the fused linear cross-entropy included:
+Four steps serve the family's ops, the fused linear cross-entropy included:
 
 - ``CrossEntropyRowsInterface``: each row's loss and log-sum-exp from (N, V) logits and (N,)
   target_ids, in float32 (float64 for float64 logits). The op reduces the rows (mean or sum) itself,
@@ -9,6 +9,11 @@ Two steps serve every op of the family, the fused linear cross-entropy included:
 - ``CrossEntropyGradInterface``: the gradient of the logits from per-row coefficients, written
   into a tensor the caller gives (a new one, or the logits themselves when the caller no longer
   needs them: the fused linear cross-entropy computes each chunk's gradient in place).
+- ``CrossEntropyFusedInterface``: the rows step and the gradient of a unit loss in one pass over
+  the logits, for a reduced loss's call that records autograd history: the backward then only
+  scales that gradient by the incoming one.
+- ``CrossEntropyScaleInterface``: that scaling, in place, which a kernel may skip where the
+  incoming gradient is 1 (a training step's ``loss.backward()``) without a round trip to the host.
 
 Kernels see contiguous tensors; the targets are int64 or int32 as the caller gave them, unchecked.
 For a target that is neither ignore_index nor in [0, V) an implementation must never read out of
@@ -92,3 +97,33 @@ class CrossEntropyGradInterface(KernelInterface):
         ignored rows (b = 0) into a and b, so this step needs neither ignore_index nor
         lse_square_scale.
         """
+
+
+class CrossEntropyFusedInterface(KernelInterface):
+    call_spec = CrossEntropyCall
+
+    @abc.abstractmethod
+    def forward(
+        self, logits: torch.Tensor, target_ids: torch.Tensor, unit: torch.Tensor, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, lse)`` as ``CrossEntropyRowsInterface`` gives them, and the gradient of
+        ``unit`` times the sum of the rows' losses written into ``grad``.
+
+        ``unit`` is a 0-dim tensor of the loss's compute dtype (float32; float64 for float64
+        logits): 1 for a sum, 1 / the kept rows for a mean, the gradient of the reduced loss for
+        an incoming gradient of 1 per row. ``grad`` is a contiguous (N, V)
+        tensor of the logits' dtype. ``grad`` receives ``CrossEntropyGradInterface``'s formula
+        with b = unit and a = unit * (1 + 2 * lse_square_scale * lse) on rows whose target is not
+        ignore_index, a = b = 0 on the others.
+        """
+
+
+class CrossEntropyScaleInterface(KernelInterface):
+    call_spec = CrossEntropyCall
+
+    @abc.abstractmethod
+    def forward(self, grad: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        """Multiply the contiguous (N, V) ``grad`` (of the logits' dtype) in place by the 0-dim
+        ``factor`` (of its dtype) and return it. Where ``factor`` is 1 the product is ``grad``
+        itself, so an implementation may leave it unread, as long as it learns that without
+        reading ``factor`` back to the host (a CUDA graph may replay the call)."""

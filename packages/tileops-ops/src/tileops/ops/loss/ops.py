@@ -2,10 +2,16 @@
 (``CrossEntropyPerRowFwdOp``) and their backward ops.
 
 A forward runs the rows step (each row's loss and lse in one pass over the logits), reduces the
-rows itself and checks the targets on the result (``check_targets``); it saves nothing, since its backward reads
-the forward's lse output. A backward folds the incoming gradients, the reduction, z-loss and the
-ignored rows into two per-row coefficients and runs the grad step, one more pass over the logits
-writing the gradient once.
+rows itself and checks the targets on the result (``check_targets``). A backward folds the
+incoming gradients, the reduction, z-loss and the ignored rows into two per-row coefficients and
+runs the grad step, one more pass over the logits writing the gradient once.
+
+The reduced loss's call that records autograd history does better: its forward runs the fused
+step, which writes the gradient of the loss for an incoming gradient of 1 in the pass that
+computes the rows' losses, and saves it; the backward scales it in place by the incoming
+gradient (nothing to do for ``loss.backward()``). The logits are then read once and the gradient
+written once per training step, where the separate steps read the logits twice. Only where lse's
+own gradient comes back does the backward compute the gradient from the logits again.
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ from tileops.core import Op, OpArgumentError
 from ..compute_dtypes import compute_dtype
 from ..vector_access import row_alignment
 from .cpu import IMPLEMENTATIONS, capped
-from .interfaces import CrossEntropyGradInterface, CrossEntropyRowsInterface
+from .interfaces import (
+    CrossEntropyFusedInterface,
+    CrossEntropyGradInterface,
+    CrossEntropyRowsInterface,
+    CrossEntropyScaleInterface,
+)
 
 MANIFEST = files("tileops.ops") / "manifest" / "loss.yaml"
 
@@ -92,6 +103,32 @@ class _LossOp(Op):
         )
         return kernel.forward(logits, target_ids)
 
+    def fused(self, logits: torch.Tensor, target_ids: torch.Tensor, unit: torch.Tensor, grad: torch.Tensor):
+        """Each row's loss and lse, and the gradient of ``unit`` times their sum into ``grad``
+        (``CrossEntropyFusedInterface``)."""
+        if logits.shape[0] == 0:
+            empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
+            return empty, empty.clone()
+        vocab = logits.shape[-1]
+        device = logits.device
+        kernel = self.kernel_for(
+            CrossEntropyFusedInterface, device, logits.dtype, vocab, target_ids.dtype,
+            *row_alignment(device, vocab, logits.dtype, logits, grad),
+        )
+        return kernel.forward(logits, target_ids, unit, grad)
+
+    def scaled(self, grad: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        """``grad`` multiplied in place by the 0-dim ``factor`` (``CrossEntropyScaleInterface``)."""
+        if grad.numel() == 0:
+            return grad
+        vocab = grad.shape[-1]
+        device = grad.device
+        # The call spec's target dtype is any the kernels take: a scale reads no targets.
+        kernel = self.kernel_for(
+            CrossEntropyScaleInterface, device, grad.dtype, vocab, torch.int64, *row_alignment(device, vocab, grad.dtype, grad)
+        )
+        return kernel.forward(grad, factor)
+
     def gradient(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits) -> torch.Tensor:
         """The grad step (``CrossEntropyGradInterface``) into ``dlogits``."""
         if logits.shape[0] == 0:
@@ -127,18 +164,12 @@ class _LossOp(Op):
             return torch.logsumexp(capped(logits, self.params["softcap"]), -1)
         return lse.float()
 
-    def forward_saving(self, *inputs, **outs):
-        # Nothing to save: the backward reads the forward's lse output and its inputs.
-        return self.forward(*inputs, **outs), ()
 
-
-def reduce_rows(rows: torch.Tensor, target_ids: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
-    """The rows' losses summed, or averaged over the rows not ignored (0 / 0 = nan where every
-    row is ignored, as torch gives)."""
+def reduce_rows(rows: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+    """The rows' losses summed, or averaged over the ``count`` rows not ignored where it is given
+    (0 / 0 = nan where every row is ignored, as torch gives)."""
     total = rows.sum()
-    if reduction == "sum":
-        return total
-    return total / (target_ids != ignore_index).sum()
+    return total if count is None else total / count
 
 
 class _ReducedLossOp(_LossOp):
@@ -182,29 +213,53 @@ class CrossEntropyFwdOp(_ReducedLossOp):
     """``torch.nn.functional.cross_entropy`` (reduction mean or sum) with z-loss and soft-capping:
     ``op(logits, target_ids) -> (loss, lse)``."""
 
-    kernel_interfaces = (CrossEntropyRowsInterface,)
+    kernel_interfaces = (CrossEntropyRowsInterface, CrossEntropyFusedInterface)
 
     def forward(self, logits, target_ids):
         rows, lse = self.rows(logits, target_ids)
-        ignore_index = self.params["ignore_index"]
-        loss = reduce_rows(rows, target_ids, ignore_index, self.params["reduction"])
-        check_targets(type(self).__name__, target_ids, logits.shape[-1], ignore_index, loss)
+        return self.reduced(logits, target_ids, rows, lse, self.count(target_ids))
+
+    def forward_saving(self, logits, target_ids):
+        # The gradient for an incoming gradient of 1, computed in the pass over the logits.
+        count = self.count(target_ids)
+        unit = torch.ones((), dtype=compute_dtype(logits.dtype), device=logits.device)
+        if count is not None:
+            unit = unit / count
+        grad_logits = torch.empty_like(logits)
+        rows, lse = self.fused(logits, target_ids, unit, grad_logits)
+        return self.reduced(logits, target_ids, rows, lse, count), (grad_logits,)
+
+    def count(self, target_ids: torch.Tensor) -> torch.Tensor | None:
+        """The rows a mean divides by (those not ignored); None for a sum."""
+        return self.kept(target_ids).sum() if self.params["reduction"] == "mean" else None
+
+    def reduced(self, logits, target_ids, rows, lse, count) -> tuple[torch.Tensor, torch.Tensor]:
+        """The outputs from the rows' losses and lse, the targets checked on the loss."""
+        loss = reduce_rows(rows, count)
+        check_targets(type(self).__name__, target_ids, logits.shape[-1], self.params["ignore_index"], loss)
         return loss.to(logits.dtype), lse.float()
 
 
 class CrossEntropyBwdOp(_ReducedLossOp):
-    """Gradient of ``CrossEntropyFwdOp``: ``op(dloss, dlse, logits, target_ids, lse) -> dlogits``."""
+    """Gradient of ``CrossEntropyFwdOp``: ``op(dloss, dlse, logits, target_ids, lse, grad_logits)
+    -> dlogits``, ``grad_logits`` (the gradient for a unit ``dloss``, which the forward computed)
+    scaled by ``dloss`` in place and returned; where ``dlse`` is given the gradient is computed
+    again from the logits, into ``grad_logits``."""
 
-    kernel_interfaces = (CrossEntropyGradInterface,)
+    kernel_interfaces = (CrossEntropyGradInterface, CrossEntropyScaleInterface)
 
-    def forward(self, dloss, dlse, logits, target_ids, lse):
+    def forward(self, dloss, dlse, logits, target_ids, lse, grad_logits):
+        if dlse is None:
+            return self.scaled(grad_logits, dloss)
+        # lse's gradient is the softmax's, which the saved gradient cannot give: one more pass
+        # over the logits, writing over the saved gradient.
         lse = self.wide_lse(logits, lse)
         row_gradient = dloss.to(lse.dtype)
-        keep = self.kept(target_ids)  # once: a launch of its own on CUDA, as each op here is
+        keep = self.kept(target_ids)
         if self.params["reduction"] == "mean":
             row_gradient = row_gradient / keep.sum()
         softmax_scale, target_scale = self.coefficients(row_gradient, dlse, keep, lse)
-        return self.gradient(logits, target_ids, lse, softmax_scale, target_scale, torch.empty_like(logits))
+        return self.gradient(logits, target_ids, lse, softmax_scale, target_scale, grad_logits)
 
 
 class CrossEntropyPerRowFwdOp(_PerRowLossOp):
@@ -217,6 +272,11 @@ class CrossEntropyPerRowFwdOp(_PerRowLossOp):
         rows, lse = self.rows(logits, target_ids)
         check_targets(type(self).__name__, target_ids, logits.shape[-1], self.params["ignore_index"], rows)
         return rows.to(logits.dtype), lse.float()
+
+    def forward_saving(self, logits, target_ids):
+        # Nothing to save: the backward reads the forward's lse output and its inputs. A gradient
+        # saved here would need a pass of its own to be scaled by every row's incoming gradient.
+        return self.forward(logits, target_ids), ()
 
 
 class CrossEntropyPerRowBwdOp(_PerRowLossOp):

@@ -3,7 +3,10 @@
 ``CrossEntropyRowsKernel`` (key ``tilelang``) runs the rows step as two programs (``programs``):
 ``partial`` reduces spans of rows, ``finish`` combines each row's spans into its loss and lse.
 ``CrossEntropyGradKernel`` (key ``tilelang_grad``: a key names one implementation across an op's
-interfaces) writes the gradient into the tensor it is given. A kernel is built per (device,
+interfaces) writes the gradient into the tensor it is given. ``CrossEntropyFusedKernel``
+(``tilelang_fused``) runs the ``fused`` program, the rows and grad steps in one pass over rows
+that fill the GPU, and on fewer rows the split rows step and the grad step one after the other;
+``CrossEntropyScaleKernel`` (``tilelang_scale``) scales a gradient in place. A kernel is built per (device,
 dtype, V, target dtype, alignment, loss options); an aligned call gets the vectorised programs,
 one whose rows are not whole accesses in aligned tensors the shifted ones (16-byte accesses over
 each row's aligned middle), any other the scalar ones, so the kernels serve every call of their
@@ -18,7 +21,12 @@ from typing import Any
 import torch
 
 from tileops.core import facts_for
-from tileops.ops.loss import CrossEntropyGradInterface, CrossEntropyRowsInterface
+from tileops.ops.loss import (
+    CrossEntropyFusedInterface,
+    CrossEntropyGradInterface,
+    CrossEntropyRowsInterface,
+    CrossEntropyScaleInterface,
+)
 
 from ..compile import entry_function
 from ..device import current_device_index, sm_count
@@ -32,6 +40,29 @@ def _rows(arguments: tuple, call) -> tuple[int, ...]:
 
 def _float32(arguments: tuple, call) -> torch.dtype:
     return torch.float32
+
+
+def _rows_launch(call, target, config: dict[str, Any]):
+    """The rows step's launch of one build: two programs, the split count of ``partial`` also
+    ``finish``'s."""
+    partial = programs.compile_program(
+        "partial", call.dtype, call.vocab, call.target_dtype, call.softcap, target,
+        sums_logits=call.label_smoothing != 0, **config,
+    )
+    finish = programs.compile_program(
+        "finish", call.dtype, call.vocab, call.target_dtype, call.softcap, target,
+        splits=config["splits"], ignore_index=call.ignore_index, smoothing=call.label_smoothing,
+        z_scale=call.lse_square_scale,
+    )
+    run_partial, run_finish = entry_function(partial), entry_function(finish)
+    splits = config["splits"]
+
+    def launch(logits, target_ids, loss, lse):
+        spans = torch.empty((logits.shape[0], splits, 3), dtype=torch.float32, device=logits.device)
+        run_partial(logits, spans)
+        run_finish(logits, target_ids, spans, loss, lse)
+
+    return launch
 
 
 class _TileLangLoss(TileLangKernel):
@@ -86,26 +117,7 @@ class CrossEntropyRowsKernel(_TileLangLoss, CrossEntropyRowsInterface):
         return BuildPlan(builds, choices, tunable=tunable, shown=shown)
 
     def _launch_function(self, config: dict[str, Any], rank: int):
-        # Two programs per build: the split count of ``partial`` is also ``finish``'s.
-        call = self.params
-        partial = programs.compile_program(
-            "partial", call.dtype, call.vocab, call.target_dtype, call.softcap, self.tilelang_target,
-            sums_logits=call.label_smoothing != 0, **config,
-        )
-        finish = programs.compile_program(
-            "finish", call.dtype, call.vocab, call.target_dtype, call.softcap, self.tilelang_target,
-            splits=config["splits"], ignore_index=call.ignore_index, smoothing=call.label_smoothing,
-            z_scale=call.lse_square_scale,
-        )
-        run_partial, run_finish = entry_function(partial), entry_function(finish)
-        splits = config["splits"]
-
-        def launch(logits, target_ids, loss, lse):
-            spans = torch.empty((logits.shape[0], splits, 3), dtype=torch.float32, device=logits.device)
-            run_partial(logits, spans)
-            run_finish(logits, target_ids, spans, loss, lse)
-
-        return launch
+        return _rows_launch(self.params, self.tilelang_target, config)
 
 
 class CrossEntropyGradKernel(_TileLangLoss, CrossEntropyGradInterface):
@@ -141,7 +153,92 @@ class CrossEntropyGradKernel(_TileLangLoss, CrossEntropyGradInterface):
         return dlogits
 
 
+class CrossEntropyFusedKernel(_TileLangLoss, CrossEntropyFusedInterface):
+    """Each row's loss and lse and the gradient of a unit loss: the ``fused`` program where the
+    rows fill the GPU with one block each, else the rows step's split build and the grad step."""
+
+    kind = "fused"
+    outputs = (Output.computed(_rows, _float32), Output.computed(_rows, _float32))
+
+    def default_config(self) -> dict[str, Any]:
+        call = self.params
+        return policy.fused_config(call.dtype, call.vocab, call.aligned, call.pointers_aligned)
+
+    def tuning_candidates(self) -> list[dict[str, Any]]:
+        call = self.params
+        default = self.default_config()
+        shapes = [(c["threads"], c["unroll"]) for c in policy.rows_candidates(call.dtype, call.vocab, call.aligned, call.pointers_aligned)]
+        return [{**default, "threads": threads, "unroll": unroll} for threads, unroll in shapes]
+
+    def build_plan(self, config: dict[str, Any]) -> BuildPlan:
+        # The rows step's split builds serve the calls of few rows, as they serve its own.
+        call = self.params
+        rows_main = policy.rows_config(call.dtype, call.vocab, call.aligned, call.pointers_aligned)
+        tiers = policy.row_tiers(rows_main, call.vocab, self.sm_count)
+        builds = {"main": config, **{f"rows<={rows}": tier for rows, tier in tiers}}
+        choices = tuple((rows * call.vocab, f"rows<={rows}") for rows, _ in tiers)
+        untuned = {f"rows<={rows}": "a call of this few rows takes the rows step's split build and the grad step" for rows, _ in tiers}
+        return BuildPlan(builds, choices, untuned=untuned, shown=dict(config))
+
+    def _launch_function(self, config: dict[str, Any], rank: int):
+        call = self.params
+        common = (call.dtype, call.vocab, call.target_dtype, call.softcap, self.tilelang_target)
+        if "splits" not in config:
+            fused = entry_function(programs.compile_program(
+                "fused", *common, ignore_index=call.ignore_index, smoothing=call.label_smoothing,
+                z_scale=call.lse_square_scale, **config,
+            ))
+
+            def launch(logits, target_ids, unit, grad, loss, lse):
+                fused(logits, target_ids, unit.reshape(1), grad, loss, lse)
+
+            return launch
+        run_rows = _rows_launch(call, self.tilelang_target, config)
+        run_grad = entry_function(programs.compile_program(
+            "grad", *common, smoothing=call.label_smoothing,
+            **policy.grad_config(call.dtype, call.vocab, call.aligned, call.pointers_aligned),
+        ))
+
+        def launch_apart(logits, target_ids, unit, grad, loss, lse):
+            run_rows(logits, target_ids, loss, lse)
+            target_scale = torch.where(target_ids != call.ignore_index, unit, 0.0)
+            softmax_scale = target_scale * (1.0 + 2.0 * call.lse_square_scale * lse) if call.lse_square_scale else target_scale
+            run_grad(logits, target_ids, lse, softmax_scale, target_scale, grad)
+
+        return launch_apart
+
+
+class CrossEntropyScaleKernel(_TileLangLoss, CrossEntropyScaleInterface):
+    """A gradient multiplied in place by a 0-dim factor, left unread where the factor is 1."""
+
+    kind = "scale"
+    outputs = ()
+
+    def default_config(self) -> dict[str, Any]:
+        return policy.scale_config(self.params.dtype, self.params.aligned, self.sm_count)
+
+    def tuning_candidates(self) -> list[dict[str, Any]]:
+        return [self.default_config()]
+
+    def build_plan(self, config: dict[str, Any]) -> BuildPlan:
+        return BuildPlan({"main": config}, shown=dict(config))
+
+    def compile(self, config: dict[str, Any], rank: int) -> Any:
+        # One program per dtype: the scale reads neither V, the targets nor the loss options.
+        return programs.compile_program("scale", self.params.dtype, 0, torch.int64, None, self.tilelang_target, **config)
+
+    def forward(self, grad, factor):
+        tensors = [grad.reshape(-1), factor.reshape(1)]
+        if current_device_index() == self._launch_device:
+            self._builds[0][1](*tensors)
+        else:
+            self._launch_elsewhere(tensors, 0, tensors[0])
+        return grad
+
+
 KERNELS = {
     CrossEntropyRowsInterface: {"tilelang": CrossEntropyRowsKernel},
     CrossEntropyGradInterface: {"tilelang_grad": CrossEntropyGradKernel},
+    CrossEntropyFusedInterface: {"tilelang_fused": CrossEntropyFusedKernel},
+    CrossEntropyScaleInterface: {"tilelang_scale": CrossEntropyScaleKernel},
 }

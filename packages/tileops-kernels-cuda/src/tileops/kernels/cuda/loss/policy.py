@@ -49,6 +49,10 @@ FILL_BLOCKS_PER_SM = 2
 #: Row counts at or below which a split build serves a call.
 ROW_TIERS = (1, 4, 16, 64)
 GRAD = {"threads": 256, "per_thread": 4}
+#: The scale step: elementwise, as the grad step, in a grid of ``SCALE_BLOCKS_PER_SM`` blocks
+#: per SM that stride over the gradient.
+SCALE = {"threads": 256, "per_thread": 4}
+SCALE_BLOCKS_PER_SM = 8  # 2048 threads: an SM's most
 
 
 def refusal(dtype: torch.dtype, target_dtype: torch.dtype) -> str | None:
@@ -132,3 +136,17 @@ def grad_candidates(dtype: torch.dtype, vocab: int, aligned: bool, pointers_alig
     layout = access_layout(dtype, vocab, aligned, pointers_aligned)
     shapes = (GRAD, {"threads": 128, "per_thread": 4}, {"threads": 512, "per_thread": 2}, {"threads": 256, "per_thread": 8})
     return [{**layout, **shape} for shape in shapes]
+
+
+def fused_config(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False) -> dict[str, Any]:
+    """The fused step's configuration: the rows step's main build (one block per row), whose
+    threads and unroll it shares. Measured on an H100 (bf16, GPU time), 512 threads x 4 accesses
+    against 256 x 4, 512 x 2, 1024 x 2 and 1024 x 1: best or within 4 % on rows of 30001-50257
+    (2048 x 30522: 98.2 us, the rows and grad steps apart 148.7), and all within 2 % on rows of
+    128256-256000, where a row's second read misses L2 and the fused step saves nothing."""
+    config = rows_config(dtype, vocab, aligned, pointers_aligned)
+    return {key: config[key] for key in ("vec", "threads", "unroll", *(("shifted",) if "shifted" in config else ()))}
+
+
+def scale_config(dtype: torch.dtype, aligned: bool, sm_count: int) -> dict[str, Any]:
+    return {"vec": vector_width(dtype, aligned), **SCALE, "blocks": SCALE_BLOCKS_PER_SM * sm_count}
