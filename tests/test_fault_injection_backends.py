@@ -95,8 +95,10 @@ _checks = {
     "CrossEntropyFwdOp": lambda op: torch.testing.assert_close(op(_x, _t)[0], _F.cross_entropy(_x, _t)),
     "CrossEntropyPerRowFwdOp": lambda op: torch.testing.assert_close(op(_x, _t)[0], _F.cross_entropy(_x, _t, reduction="none")),
     "LinearCrossEntropyFwdOp": lambda op: torch.testing.assert_close(op(_x, _r, None, _t), _F.cross_entropy(_x @ _r.T, _t)),
-    "CrossEntropyBwdOp": lambda op: torch.testing.assert_close(
-        op(torch.tensor(1.0), None, _x, _t, torch.logsumexp(_x, -1)), _vjp(lambda t: _F.cross_entropy(t, _t), _x)[1]),
+    # The forward's unit gradient scaled by dloss in place.
+    "CrossEntropyBwdOp": lambda op: (lambda unit: torch.testing.assert_close(
+        op(torch.tensor(2.0), None, _x, _t, torch.logsumexp(_x, -1), unit.clone()), 2 * unit))(
+        _vjp(lambda t: _F.cross_entropy(t, _t), _x)[1]),
     "CrossEntropyPerRowBwdOp": lambda op: torch.testing.assert_close(
         op(_r[:, 0], None, _x, _t, torch.logsumexp(_x, -1)), _vjp(lambda t: _F.cross_entropy(t, _t, reduction="none"), _x, _r[:, 0])[1]),
     # The forward's unit gradients (that of the hidden states, weight's and bias's left zero) scaled by dloss.

@@ -165,11 +165,14 @@ class _LossOp(Op):
         return lse.float()
 
 
-def reduce_rows(rows: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+def reduce_rows(rows: torch.Tensor, count: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """The rows' losses summed, or averaged over the ``count`` rows not ignored where it is given
-    (0 / 0 = nan where every row is ignored, as torch gives)."""
-    total = rows.sum()
-    return total if count is None else total / count
+    (0 / 0 = nan where every row is ignored, as torch gives), in ``dtype``. The sum is taken in
+    the rows' dtype and rounded once; the mean's division writes ``dtype`` itself (a launch
+    fewer than dividing, then casting)."""
+    if count is None:
+        return rows.sum().to(dtype)
+    return torch.div(rows.sum(), count, out=torch.empty((), dtype=dtype, device=rows.device))
 
 
 class _ReducedLossOp(_LossOp):
@@ -222,9 +225,11 @@ class CrossEntropyFwdOp(_ReducedLossOp):
     def forward_saving(self, logits, target_ids):
         # The gradient for an incoming gradient of 1, computed in the pass over the logits.
         count = self.count(target_ids)
-        unit = torch.ones((), dtype=compute_dtype(logits.dtype), device=logits.device)
-        if count is not None:
-            unit = unit / count
+        wide = compute_dtype(logits.dtype)
+        if count is None:
+            unit = torch.ones((), dtype=wide, device=logits.device)
+        else:  # the reciprocal of an integer count is float32: float64 logits take theirs in float64
+            unit = count.reciprocal() if wide == torch.float32 else count.to(wide).reciprocal()
         grad_logits = torch.empty_like(logits)
         rows, lse = self.fused(logits, target_ids, unit, grad_logits)
         return self.reduced(logits, target_ids, rows, lse, count), (grad_logits,)
@@ -235,9 +240,9 @@ class CrossEntropyFwdOp(_ReducedLossOp):
 
     def reduced(self, logits, target_ids, rows, lse, count) -> tuple[torch.Tensor, torch.Tensor]:
         """The outputs from the rows' losses and lse, the targets checked on the loss."""
-        loss = reduce_rows(rows, count)
+        loss = reduce_rows(rows, count, logits.dtype)
         check_targets(type(self).__name__, target_ids, logits.shape[-1], self.params["ignore_index"], loss)
-        return loss.to(logits.dtype), lse.float()
+        return loss, lse.float()
 
 
 class CrossEntropyBwdOp(_ReducedLossOp):
