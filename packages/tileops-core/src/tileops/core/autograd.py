@@ -87,8 +87,8 @@ class Differentiation:
             else:  # the loader has checked that it is d<output>
                 self.sources.append((_GRAD, outputs.index(t.name[1:])))
         backward_outputs = [t.name for t in backward.outputs]
-        #: Per backward input fed by an output's gradient: whether the backward op takes None
-        #: for it (an optional input), so that an output the graph never used costs no zeros.
+        #: Per backward input: whether the backward op takes None for it (an optional input), so
+        #: that the gradient of an output the graph never used costs no zeros there.
         self._grad_optional = tuple(t.optional for t in backward.inputs)
         #: Per forward input: the position of its gradient among the backward op's outputs, or None.
         self.gradient_of = tuple(
@@ -253,7 +253,7 @@ class Differentiation:
         A gradient may be None where the graph never used its output (an eager node leaves
         such gradients unmaterialised): the backward op receives None where it takes the
         input as optional (an auxiliary output a training step ignores: no zeros made, and
-        none summed), and zeros of the output's description (``outputs``: (shape, dtype, device) per output)
+        none summed), and zeros of the output's description (``outputs``, from ``described``)
         where it needs a tensor."""
         n_inputs, n_outputs = len(self._kept_inputs), len(self._kept_outputs)
         if any(g is None for g in grads):
@@ -278,6 +278,12 @@ class Differentiation:
             results[index] if index is not None and given and need else None
             for index, given, need in zip(self.gradient_of, present, needed)
         ]
+
+
+def described(outputs: Sequence[Any]) -> list:
+    """(shape, dtype, device) of each output (None for one that is not a tensor): what a
+    backward needs to make zeros for the gradient of an output the graph never used."""
+    return [(t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for t in outputs]
 
 
 def stand_in(tensor: Any) -> Any:
@@ -344,7 +350,7 @@ class _Node(torch.autograd.Function):
         ctx.overwritten = False
         # An output the graph never uses reaches the backward as None, not as zeros torch made.
         ctx.set_materialize_grads(False)
-        ctx.outputs = [(t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for t in outputs]
+        ctx.outputs = described(outputs)
         return result
 
     @staticmethod
@@ -392,7 +398,7 @@ def register_formula(saving_op: Any, n_inputs: int, n_outputs: int, instance_of)
         # A statistic saved for an input that wants no gradient came back as an empty placeholder.
         saved = [None if skip else value for value, skip in zip(output[n_outputs:], wiring.unwanted(wanted))]
         ctx.save_for_backward(*wiring.kept(inputs[:n_inputs], output[:n_outputs], saved))
-        ctx.outputs = [(t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for t in output[:n_outputs]]
+        ctx.outputs = described(output[:n_outputs])
 
     def backward(ctx, *grads):
         op = instance_of(ctx.key)

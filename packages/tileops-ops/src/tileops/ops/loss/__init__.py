@@ -1,5 +1,6 @@
 """The loss family: cross-entropy over logits (the reduced loss and every row's), forward and
-backward, and the fused linear cross-entropy; their kernel interfaces and call specs.
+backward, and the fused linear cross-entropy; their kernel interfaces and call specs, and the
+grad step's per-row coefficients (``grad_coefficients``), which every implementation computes alike.
 
 ``OPS`` lists the family's op classes, in the order ``tileops.ops.FAMILIES`` and the command line
 show them; ``command_line`` holds the peer libraries ``tileops bench`` times beside them.
@@ -11,6 +12,7 @@ from .interfaces import (
     CrossEntropyGradInterface,
     CrossEntropyRowsInterface,
     CrossEntropyScaleInterface,
+    grad_coefficients,
 )
 from .linear import LinearCrossEntropyBwdOp, LinearCrossEntropyFwdOp
 from .ops import CrossEntropyBwdOp, CrossEntropyFwdOp, CrossEntropyPerRowBwdOp, CrossEntropyPerRowFwdOp
@@ -37,4 +39,5 @@ __all__ = [
     "CrossEntropyScaleInterface",
     "LinearCrossEntropyBwdOp",
     "LinearCrossEntropyFwdOp",
+    "grad_coefficients",
 ]

@@ -21,6 +21,7 @@ from .interfaces import (
     CrossEntropyGradInterface,
     CrossEntropyRowsInterface,
     CrossEntropyScaleInterface,
+    grad_coefficients,
 )
 
 
@@ -118,9 +119,8 @@ class TorchCpuCrossEntropyFused(_TorchLoss, CrossEntropyFusedInterface):
         # The two steps one after the other: the CPU gains nothing from one pass of its own.
         call = self.call
         loss, lse = rows_step(call, logits, target_ids)
-        target_scale = torch.where(target_ids != call.ignore_index, unit.to(lse.dtype), 0.0)
-        softmax_scale = target_scale * (1.0 + 2.0 * call.lse_square_scale * lse)
-        grad_step(call, logits, target_ids, lse, softmax_scale, target_scale, grad)
+        coefficients = grad_coefficients(call.lse_square_scale, unit, target_ids != call.ignore_index, lse)
+        grad_step(call, logits, target_ids, lse, *coefficients, grad)
         return loss, lse
 
 

@@ -58,6 +58,20 @@ class CrossEntropyCall(CallSpec):
     pointers_aligned: bool = False
 
 
+def grad_coefficients(
+    lse_square_scale: float, row_gradient: torch.Tensor, keep: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax_scale, target_scale), the grad step's a and b per row, for rows whose loss has
+    the gradient ``row_gradient`` (0-dim, or one per row): b is it, zero on the rows ``keep``
+    leaves out (ignored targets), and a is b times z-loss's factor (1 + 2 lse_square_scale lse)
+    plus lse's own gradient ``dlse`` where given. In lse's dtype."""
+    target_scale = torch.where(keep, row_gradient.to(lse.dtype), 0.0)
+    softmax_scale = target_scale * (1.0 + 2.0 * lse_square_scale * lse) if lse_square_scale else target_scale
+    if dlse is not None:
+        softmax_scale = softmax_scale + dlse.to(lse.dtype)
+    return softmax_scale, target_scale
+
+
 class CrossEntropyRowsInterface(KernelInterface):
     call_spec = CrossEntropyCall
 

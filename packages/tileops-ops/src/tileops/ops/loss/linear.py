@@ -101,7 +101,7 @@ class _LinearLossOp(_ReducedLossOp):
         wide = unit.dtype
         logits = F.linear(hidden_states[part], weight, bias)
         chunk_targets = target_ids[part]
-        losses, lse = self.rows_of(logits, chunk_targets)
+        losses, lse = self.rows(logits, chunk_targets)
         if grad_hidden is None and grad_weight is None and grad_bias is None:
             return losses.sum()
         softmax_scale, target_scale = self.coefficients(unit, None, self.kept(chunk_targets), lse.to(wide))
@@ -113,18 +113,6 @@ class _LinearLossOp(_ReducedLossOp):
         if grad_bias is not None:
             grad_bias += dlogits.sum(0, dtype=wide)
         return losses.sum()
-
-    def rows_of(self, logits, target_ids):
-        """The rows step on one chunk (the targets are checked once, on the loss of all chunks)."""
-        if logits.shape[0] == 0:
-            empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
-            return empty, empty.clone()
-        vocab = logits.shape[-1]
-        kernel = self.kernel_for(
-            CrossEntropyRowsInterface, logits.device, logits.dtype, vocab, target_ids.dtype,
-            *row_alignment(logits.device, vocab, logits.dtype, logits),
-        )
-        return kernel.forward(logits, target_ids)
 
 
 class LinearCrossEntropyFwdOp(_LinearLossOp):

@@ -31,6 +31,7 @@ from .interfaces import (
     CrossEntropyGradInterface,
     CrossEntropyRowsInterface,
     CrossEntropyScaleInterface,
+    grad_coefficients,
 )
 
 MANIFEST = files("tileops.ops") / "manifest" / "loss.yaml"
@@ -62,6 +63,12 @@ def check_targets(op_name: str, target_ids: torch.Tensor, vocab: int, ignore_ind
     )
 
 
+def _no_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (loss, lse) of a call without rows: two empty tensors of the compute dtype."""
+    empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
+    return empty, empty.clone()
+
+
 class _LossOp(Op):
     """What the cross-entropy ops share: the call spec, the kernels of both steps, the checks."""
 
@@ -90,55 +97,41 @@ class _LossOp(Op):
         fields = (device, logits.dtype, vocab, target_dtype, *row_alignment(device, vocab, logits.dtype, logits))
         return {interface: self.call_spec(interface, *fields) for interface in self.kernel_interfaces}
 
+    def kernel_of(self, interface, target_dtype: torch.dtype, *tensors: torch.Tensor):
+        """The kernel of ``interface`` for a call on the (N, V) ``tensors``: the first gives the
+        device, dtype and V; all of them the pointers' alignment."""
+        first = tensors[0]
+        device, vocab = first.device, first.shape[-1]
+        return self.kernel_for(
+            interface, device, first.dtype, vocab, target_dtype, *row_alignment(device, vocab, first.dtype, *tensors)
+        )
+
     def rows(self, logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's loss and lse (``CrossEntropyRowsInterface``); the caller checks the targets
         on what it makes of the losses."""
-        vocab = logits.shape[-1]
         if logits.shape[0] == 0:
-            empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
-            return empty, empty.clone()
-        device = logits.device
-        kernel = self.kernel_for(
-            CrossEntropyRowsInterface, device, logits.dtype, vocab, target_ids.dtype, *row_alignment(device, vocab, logits.dtype, logits)
-        )
-        return kernel.forward(logits, target_ids)
+            return _no_rows(logits)
+        return self.kernel_of(CrossEntropyRowsInterface, target_ids.dtype, logits).forward(logits, target_ids)
 
     def fused(self, logits: torch.Tensor, target_ids: torch.Tensor, unit: torch.Tensor, grad: torch.Tensor):
         """Each row's loss and lse, and the gradient of ``unit`` times their sum into ``grad``
         (``CrossEntropyFusedInterface``)."""
         if logits.shape[0] == 0:
-            empty = logits.new_empty((0,), dtype=compute_dtype(logits.dtype))
-            return empty, empty.clone()
-        vocab = logits.shape[-1]
-        device = logits.device
-        kernel = self.kernel_for(
-            CrossEntropyFusedInterface, device, logits.dtype, vocab, target_ids.dtype,
-            *row_alignment(device, vocab, logits.dtype, logits, grad),
-        )
-        return kernel.forward(logits, target_ids, unit, grad)
+            return _no_rows(logits)
+        return self.kernel_of(CrossEntropyFusedInterface, target_ids.dtype, logits, grad).forward(logits, target_ids, unit, grad)
 
     def scaled(self, grad: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``grad`` multiplied in place by the 0-dim ``factor`` (``CrossEntropyScaleInterface``)."""
         if grad.numel() == 0:
             return grad
-        vocab = grad.shape[-1]
-        device = grad.device
         # The call spec's target dtype is any the kernels take: a scale reads no targets.
-        kernel = self.kernel_for(
-            CrossEntropyScaleInterface, device, grad.dtype, vocab, torch.int64, *row_alignment(device, vocab, grad.dtype, grad)
-        )
-        return kernel.forward(grad, factor)
+        return self.kernel_of(CrossEntropyScaleInterface, torch.int64, grad).forward(grad, factor)
 
     def gradient(self, logits, target_ids, lse, softmax_scale, target_scale, dlogits) -> torch.Tensor:
         """The grad step (``CrossEntropyGradInterface``) into ``dlogits``."""
         if logits.shape[0] == 0:
             return dlogits
-        vocab = logits.shape[-1]
-        device = logits.device
-        kernel = self.kernel_for(
-            CrossEntropyGradInterface, device, logits.dtype, vocab, target_ids.dtype,
-            *row_alignment(device, vocab, logits.dtype, logits, dlogits),
-        )
+        kernel = self.kernel_of(CrossEntropyGradInterface, target_ids.dtype, logits, dlogits)
         return kernel.forward(logits, target_ids, lse, softmax_scale, target_scale, dlogits)
 
     def kept(self, target_ids: torch.Tensor) -> torch.Tensor:
@@ -146,15 +139,9 @@ class _LossOp(Op):
         return target_ids != self.params["ignore_index"]
 
     def coefficients(self, row_gradient, dlse, keep, lse) -> tuple[torch.Tensor, torch.Tensor]:
-        """(softmax_scale, target_scale) of the grad step: ``row_gradient`` (each row's loss
-        gradient, a tensor of one element or N) zeroed on the rows ``keep`` leaves out (ignored
-        targets), then z-loss's factor and lse's own gradient on the softmax term."""
-        target_scale = torch.where(keep, row_gradient.to(lse.dtype), 0.0)
-        scale = self.params["lse_square_scale"]
-        softmax_scale = target_scale * (1.0 + 2.0 * scale * lse) if scale else target_scale
-        if dlse is not None:
-            softmax_scale = softmax_scale + dlse.to(lse.dtype)
-        return softmax_scale, target_scale
+        """(softmax_scale, target_scale) of the grad step (``grad_coefficients``) with this
+        instance's z-loss."""
+        return grad_coefficients(self.params["lse_square_scale"], row_gradient, keep, lse, dlse)
 
     def wide_lse(self, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """The lse the grad step reads: the forward's float32 output, or for float64 logits lse

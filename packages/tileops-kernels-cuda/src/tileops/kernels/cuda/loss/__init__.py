@@ -26,6 +26,7 @@ from tileops.ops.loss import (
     CrossEntropyGradInterface,
     CrossEntropyRowsInterface,
     CrossEntropyScaleInterface,
+    grad_coefficients,
 )
 
 from ..compile import entry_function
@@ -201,9 +202,8 @@ class CrossEntropyFusedKernel(_TileLangLoss, CrossEntropyFusedInterface):
 
         def launch_apart(logits, target_ids, unit, grad, loss, lse):
             run_rows(logits, target_ids, loss, lse)
-            target_scale = torch.where(target_ids != call.ignore_index, unit, 0.0)
-            softmax_scale = target_scale * (1.0 + 2.0 * call.lse_square_scale * lse) if call.lse_square_scale else target_scale
-            run_grad(logits, target_ids, lse, softmax_scale, target_scale, grad)
+            coefficients = grad_coefficients(call.lse_square_scale, unit, target_ids != call.ignore_index, lse)
+            run_grad(logits, target_ids, lse, *coefficients, grad)
 
         return launch_apart
 
