@@ -42,6 +42,27 @@ def test_the_rows_step_sizes_its_block_to_the_row_and_splits_few_rows():
     assert policy.refusal(torch.bfloat16, torch.int32) is None
 
 
+def test_the_fused_step_holds_half_the_rows_and_reads_them_back_from_their_end_where_they_overflow_l2():
+    h200 = DeviceFacts("cuda", 90, 132, None, "H200", l2_bytes=60 * 2**20)
+    h100 = DeviceFacts("cuda", 90, 132, None, "H100", l2_bytes=50 * 2**20)
+    # 264 rows of 98 KiB fit in 60 MiB: the rows step's build, second pass forwards.
+    assert policy.fused_config(torch.bfloat16, 50257, False, True, h200) == {"vec": 8, "shifted": True, "threads": 512, "unroll": 4}
+    # 264 rows of 250 KiB (Llama 3's vocabulary) do not: 132 rows at once, read back from the end.
+    llama3 = policy.fused_config(torch.bfloat16, 128256, True, True, h200)
+    assert llama3 == {"vec": 8, "threads": 1024, "unroll": 4, "from_end": True}
+    # The same row length in bytes decides in every dtype, and the L2's size where it is the limit.
+    assert policy.fused_config(torch.float32, 64128, True, True, h200) == llama3 | {"vec": 4}
+    assert policy.fused_config(torch.bfloat16, 100000, True, True, h200)["threads"] == 512  # 50.4 MiB
+    assert policy.fused_config(torch.bfloat16, 100000, True, True, h100)["threads"] == 1024
+    # Short rows keep their few threads; unknown facts keep the rows step's build.
+    assert policy.fused_config(torch.bfloat16, 4096, True, True, h100)["threads"] == 128
+    assert "from_end" not in policy.fused_config(torch.bfloat16, 256000, True, True)
+    candidates = policy.fused_candidates(llama3, torch.bfloat16, 128256, True, True)
+    assert candidates[0] == llama3 and len(candidates) == len({tuple(sorted(c.items())) for c in candidates})
+    assert {"threads": 512, "from_end": True} | llama3 | {"threads": 512} in candidates
+    assert llama3 | {"from_end": False} in candidates
+
+
 def test_the_ops_tell_the_kernels_whether_rows_and_pointers_are_aligned():
     from tileops.core.tensor_description import TensorDescription
     from tileops.ops import LinearCrossEntropyFwdOp
@@ -77,7 +98,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
     monkeypatch.setattr(kernels, "current_device_index", lambda: 0)
     monkeypatch.setattr(fast_launch, "launcher", lambda *args, **kwargs: None)
-    monkeypatch.setattr(kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))
+    monkeypatch.setattr(kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU", l2_bytes=60 * 2**20))
     monkeypatch.setattr(kernel_module.TileLangKernel, "_launch_function", compiled)
     monkeypatch.setattr(kernels.CrossEntropyRowsKernel, "_launch_function", compiled)
     monkeypatch.setattr(kernels.CrossEntropyFusedKernel, "_launch_function", compiled)
@@ -155,7 +176,9 @@ def test_the_fused_kernel_runs_one_block_per_row_where_rows_fill_the_gpu_else_th
         assert tensors[:4] == (logits, target_ids, unit, grad) and tensors[4] is loss and tensors[5] is lse
         assert loss.shape == lse.shape == (rows,) and loss.dtype == lse.dtype == torch.float32
         assert config.get("splits") == splits
-    assert config == policy.fused_config(torch.bfloat16, 256000, True, True)
+    # Rows of 500 KiB: two blocks' rows per SM would not fit the L2, one 1024-thread block's go.
+    assert config == policy.fused_config(torch.bfloat16, 256000, True, True, kernel.facts)
+    assert config["threads"] == 1024 and config["from_end"]
 
 
 def test_the_scale_kernel_scales_the_gradient_it_is_given_as_one_flat_run(launches):
@@ -202,8 +225,10 @@ for kind, dtype, vocab, target_dtype, softcap, config in [
     ("partial", torch.bfloat16, 50257, torch.int64, None, policy.rows_config(torch.bfloat16, 50257, False, True)),
     ("grad", torch.bfloat16, 50257, torch.int64, None, {**policy.grad_config(torch.bfloat16, 50257, False, True), "smoothing": 0.0}),
     # A reduced loss's training step: both passes in one block per row, every option on.
+    # (1024 threads reading the row back from its end: the rule's build for rows the L2 cannot hold.)
     ("fused", torch.bfloat16, 50257, torch.int32, 30.0,
-     {**policy.fused_config(torch.bfloat16, 50257, False, True), "ignore_index": -100, "smoothing": 0.1, "z_scale": 1e-4}),
+     {**policy.fused_config(torch.bfloat16, 50257, False, True), "threads": 1024, "from_end": True, "ignore_index": -100,
+      "smoothing": 0.1, "z_scale": 1e-4}),
     ("scale", torch.bfloat16, 0, torch.int64, None, policy.scale_config(torch.bfloat16, True, 132)),
 ]:
     kernel = programs.compile_program(kind, dtype, vocab, target_dtype, softcap, target, **config)

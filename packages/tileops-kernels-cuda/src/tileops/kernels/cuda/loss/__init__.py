@@ -71,7 +71,8 @@ class _TileLangLoss(TileLangKernel):
     general = True  # serves every call of its dtypes (scalar programs where not aligned)
 
     def __init__(self, call) -> None:
-        self.sm_count = sm_count(facts_for(call.device))
+        self.facts = facts_for(call.device)
+        self.sm_count = sm_count(self.facts)
         super().__init__(call.device, call)
 
     @classmethod
@@ -163,13 +164,11 @@ class CrossEntropyFusedKernel(_TileLangLoss, CrossEntropyFusedInterface):
 
     def default_config(self) -> dict[str, Any]:
         call = self.params
-        return policy.fused_config(call.dtype, call.vocab, call.aligned, call.pointers_aligned)
+        return policy.fused_config(call.dtype, call.vocab, call.aligned, call.pointers_aligned, self.facts)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
         call = self.params
-        default = self.default_config()
-        shapes = [(c["threads"], c["unroll"]) for c in policy.rows_candidates(call.dtype, call.vocab, call.aligned, call.pointers_aligned)]
-        return [{**default, "threads": threads, "unroll": unroll} for threads, unroll in shapes]
+        return policy.fused_candidates(self.default_config(), call.dtype, call.vocab, call.aligned, call.pointers_aligned)
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
         # The rows step's split builds serve the calls of few rows, as they serve its own.

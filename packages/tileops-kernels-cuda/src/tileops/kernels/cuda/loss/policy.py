@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from tileops.core import DeviceFacts
+
 from ..powers import pow2_ceil
 from ..row_layout import shifts, vector_width
 
@@ -44,6 +46,8 @@ TARGET_DTYPES = (torch.int64, torch.int32)
 #: Accesses each thread of the rows step loads before it folds them in.
 UNROLL = 4
 MAX_THREADS = 512
+#: The fused step's threads where a row's second read would miss L2 (``fused_config``).
+MAX_FUSED_THREADS = 1024
 #: Blocks per SM the rows step aims at when rows are few.
 FILL_BLOCKS_PER_SM = 2
 #: Row counts at or below which a split build serves a call.
@@ -138,14 +142,55 @@ def grad_candidates(dtype: torch.dtype, vocab: int, aligned: bool, pointers_alig
     return [{**layout, **shape} for shape in shapes]
 
 
-def fused_config(dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False) -> dict[str, Any]:
+def fused_config(
+    dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False, facts: DeviceFacts | None = None
+) -> dict[str, Any]:
     """The fused step's configuration: the rows step's main build (one block per row), whose
-    threads and unroll it shares. Measured on an H100 (bf16, GPU time), 512 threads x 4 accesses
-    against 256 x 4, 512 x 2, 1024 x 2 and 1024 x 1: best or within 4 % on rows of 30001-50257
-    (2048 x 30522: 98.2 us, the rows and grad steps apart 148.7), and all within 2 % on rows of
-    128256-256000, where a row's second read misses L2 and the fused step saves nothing."""
+    threads and unroll it shares, while the rows its blocks hold at once (two 512-thread blocks
+    per SM) fit in the L2 of the device with ``facts``: each row's second read is then served
+    from L2. Where they do not, one block of ``MAX_FUSED_THREADS`` per SM halves the rows in
+    flight (each thread keeping ``UNROLL`` accesses in flight, as many a SM as before), and the
+    second pass reads each row from its end, where the first pass left it in L2.
+
+    Measured on an H100 (50 MiB of L2, bf16, the fused program alone by graph replay), 512 x 4
+    forward -> 1024 x 4 from the end: 4096 x 128256 1039 -> 914 us, 2048 x 151936 624 -> 559,
+    3000 x 100000 588 -> 505, 2048 x 202048 844 -> 777, 1024 x 256000 530 -> 499 (a copy of the
+    logits 690, 510, 492, 545, 346); on rows that fit, 1024 threads lost (4096 x 50257 351 ->
+    364, 8192 x 32000 369 -> 448) and reading from the end alone gained nothing everywhere (8192
+    x 32000 369 -> 385, 2048 x 30522 98.4 -> 99.0, 4096 x 50257 351 -> 340). Earlier, 512 x 4
+    against 256 x 4, 512 x 2, 1024 x 2 and 1024 x 1 (all reading forwards): best or within 4 %
+    on rows of 30001-50257 (2048 x 30522: 98.2 us, the rows and grad steps apart 148.7)."""
     config = rows_config(dtype, vocab, aligned, pointers_aligned)
-    return {key: config[key] for key in ("vec", "threads", "unroll", *(("shifted",) if "shifted" in config else ()))}
+    fused = {key: config[key] for key in ("vec", "threads", "unroll", *(("shifted",) if "shifted" in config else ()))}
+    if config["threads"] == MAX_THREADS and not _resident_rows_fit_l2(vocab * dtype.itemsize, facts):
+        fused.update(threads=MAX_FUSED_THREADS, from_end=True)
+    return fused
+
+
+def fused_candidates(
+    default: dict[str, Any], dtype: torch.dtype, vocab: int, aligned: bool, pointers_aligned: bool = False
+) -> list[dict[str, Any]]:
+    """Fused-step configurations worth timing, ``default`` first: the rows step's shapes and
+    one 1024-thread block per SM, each reading the second pass in the default's direction, and
+    the default in the other direction."""
+    shapes = [(c["threads"], c["unroll"]) for c in rows_candidates(dtype, vocab, aligned, pointers_aligned)]
+    shapes.append((MAX_FUSED_THREADS, UNROLL))
+    candidates = [default]
+    for threads, unroll in shapes:
+        candidate = {**default, "threads": threads, "unroll": unroll}
+        if candidate not in candidates:
+            candidates.append(candidate)
+    candidates.append({**default, "from_end": not default.get("from_end", False)})
+    return candidates
+
+
+def _resident_rows_fit_l2(row_bytes: int, facts: DeviceFacts | None) -> bool:
+    """Whether the rows of the 512-thread blocks a device runs at once (two per SM: the fused
+    program asks ptxas for that) fit in its L2 together; True where the facts do not say, so
+    that the rule keeps the rows step's build."""
+    if facts is None or not (facts.l2_bytes and facts.sm_count):
+        return True
+    return facts.sm_count * (MAX_FUSED_THREADS // MAX_THREADS) * row_bytes <= facts.l2_bytes
 
 
 def scale_config(dtype: torch.dtype, aligned: bool, sm_count: int) -> dict[str, Any]:

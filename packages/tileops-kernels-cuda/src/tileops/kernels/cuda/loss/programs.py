@@ -309,14 +309,17 @@ def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, 
 
 
 def make_fused(
-    dtype, vocab, target_dtype, softcap, *, vec, threads, unroll, ignore_index, smoothing, z_scale, shifted=False
+    dtype, vocab, target_dtype, softcap, *, vec, threads, unroll, ignore_index, smoothing, z_scale, shifted=False,
+    from_end=False,
 ):
     """The ``fused`` program (see the module): one block per row streams it once for its online
     maximum and sum (as ``partial`` with one split), writes the row's loss and lse (as
     ``finish``), then streams the row again to write the gradient of ``unit[0]`` times the row's
     loss (0 on an ignored row), as ``grad`` with a = b (1 + 2 z_scale lse), b = unit[0]. The
     second read of a row follows the first within the block, so it is served by L2 where the
-    rows in flight (a block's per SM slot) fit in it: the logits are then read once from memory."""
+    rows in flight (a block's per SM slot) fit in it: the logits are then read once from memory.
+    With ``from_end`` the second pass walks the row backwards, from the accesses the first pass
+    made last: where the rows in flight do not fit in L2, those are the ones still there."""
     import tilelang.language as T
 
     dt, f32, it = _TL_DTYPES[dtype], "float32", _TL_INDEX[target_dtype]
@@ -332,6 +335,14 @@ def make_fused(
     )
     gradient = _gradient_macro(vocab, softcap, smoothing)
     lanes = T.vectorized if vec > 1 else T.serial
+
+    def second_pass_access(step, u, tx):
+        """The access thread ``tx`` makes at the second pass's (step, u): the first pass's
+        order, or with ``from_end`` its reverse (by groups of ``threads`` accesses)."""
+        group = step * unroll + u
+        if from_end:
+            group = steps * unroll - 1 - group
+        return group * threads + tx
 
     @T.prim_func
     def main(
@@ -376,12 +387,12 @@ def make_fused(
             # Pass 2: the gradient, as ``grad``'s.
             for step in T.serial(steps):
                 for u in T.unroll(unroll):
-                    access = (step * unroll + u) * threads + tx
+                    access = second_pass_access(step, u, tx)
                     if access < end:
                         for k in lanes(vec):
                             buf[u * vec + k] = flat[(layout.first_access(geo, row) + access) * vec + k]
                 for u in T.unroll(unroll):
-                    access = (step * unroll + u) * threads + tx
+                    access = second_pass_access(step, u, tx)
                     if access < end:
                         start = (layout.first_access(geo, row) + access) * vec
                         for k in T.unroll(vec):
