@@ -351,6 +351,25 @@ def test_a_training_row_of_the_linear_cross_entropy_derives_the_saved_gradients_
     assert alone.bytes > 0
 
 
+def test_a_training_row_whose_backward_inputs_do_not_fit_still_times_the_step_and_says_why(cpu_training, monkeypatch):
+    # The backward op's statistics are derived in float64 (a 16384 x 151936 loss's lse: 19 GiB):
+    # where the GPU cannot hold them, the backward alone has no time and the step keeps its own.
+    from tileops.ops import CrossEntropyFwdOp
+
+    bench_training, _ = cpu_training
+
+    def too_large(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.55 GiB.")
+
+    monkeypatch.setattr(bench_training, "backward_inputs", too_large)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    workload = CrossEntropyFwdOp.manifest_entry().workloads[0]
+    full, alone = bench_training.bench_training(CrossEntropyFwdOp, workload, torch.float32, with_compile=False)
+    assert full.ours_error is None and full.ours_us == 1.0 and alone.ours_us is None
+    assert alone.ours_error.startswith("the backward op's inputs did not fit: ") and "18.55 GiB" in alone.ours_error
+    assert full.bytes == alone.bytes == 0  # no bandwidth where the backward's bytes are unknown
+
+
 def test_a_peer_that_cannot_be_captured_is_timed_by_eager_loops_and_its_cell_says_so(monkeypatch):
     # Liger-Kernel's cross-entropy reads the target count back to the host inside each call, which
     # a CUDA-graph capture refuses: the table gives its per-call time from eager loops, marked.

@@ -213,12 +213,18 @@ def bench_training(
     full.ours_us, full.ours_error = _time(
         lambda: training_step(lambda: op(*arguments), leaves, grads), peaks=full.peak_mib, side="ours"
     )
-    bench_backward_inputs = backward_inputs(entry, backward, workload, inputs, outputs, params, dtype, DEVICE)
-    backward_arguments = [bench_backward_inputs.get(d.name) for d in backward.inputs]
-    backward_outputs = None
-    if backward_class is None:
+    backward_outputs = bench_backward_inputs = None
+    try:
+        bench_backward_inputs = backward_inputs(entry, backward, workload, inputs, outputs, params, dtype, DEVICE)
+    except torch.OutOfMemoryError as error:
+        # The statistics are derived by the manifest's float64 expressions, which a GPU that
+        # runs the step may not hold beside it: the step is still timed.
+        alone.ours_error = f"the backward op's inputs did not fit: {describe(error)}"
+        torch.cuda.empty_cache()
+    if bench_backward_inputs is not None and backward_class is None:
         alone.ours_error = f"{backward.name} is not an op of tileops.ops"
-    else:
+    elif bench_backward_inputs is not None:
+        backward_arguments = [bench_backward_inputs.get(d.name) for d in backward.inputs]
         backward_op = backward_class(**workload.params)
         try:
             backward_outputs = outputs_of(backward_op(*backward_arguments))
@@ -228,13 +234,16 @@ def bench_training(
             alone.ours_error = describe(error)
         else:
             alone.ours_us, alone.ours_error = _time(lambda: lambda: backward_op(*backward_arguments))
+            del backward_arguments
             alone.served_by = ",".join(sorted({key for key, _ in backward_op.built_kernels()}))
     full.served_by = ",".join(sorted({key for key, _ in op.built_kernels()})) + (f" + {alone.served_by}" if alone.served_by else "")
-    if backward_outputs is None:  # the roofline counts the outputs the reference gives
-        backward_outputs, _ = reference_outputs(backward, bench_backward_inputs, params)
-    backward_bytes = bench._roofline_bytes(backward, bench_backward_inputs, backward_outputs, params)
-    full.bytes = bench._roofline_bytes(entry, inputs, outputs, params) + backward_bytes
-    alone.bytes = backward_bytes
+    if bench_backward_inputs is not None:  # else no bandwidth: the backward's bytes are not known
+        if backward_outputs is None:  # the roofline counts the outputs the reference gives
+            backward_outputs, _ = reference_outputs(backward, bench_backward_inputs, params)
+        backward_bytes = bench._roofline_bytes(backward, bench_backward_inputs, backward_outputs, params)
+        full.bytes = bench._roofline_bytes(entry, inputs, outputs, params) + backward_bytes
+        alone.bytes = backward_bytes
+        del bench_backward_inputs, backward_outputs  # the GiBs of a large workload's, before the peers run
 
     # torch eager autograd and torch.compile of the forward's torch_api.
     baseline = bench.torch_baseline(entry, params)
