@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from helpers import run_python, tuning_timed_by_config
-from tileops.kernels.cuda import activation as kernels
 from tileops.kernels.cuda.row_layout import vector_width
 from tileops.kernels.cuda.activation import KERNELS, policy, programs
 from tileops.ops.activation import (
@@ -25,7 +24,6 @@ from tileops.ops.activation import (
     SwiGLUBwdOp,
     SwiGLUInplaceBwdOp,
 )
-from tileops.core import DeviceFacts
 
 CUDA = torch.device("cuda", 0)
 
@@ -36,20 +34,21 @@ def test_every_kind_has_a_kernel_and_every_interface_one_general_key():
         assert list(table) == ["tilelang"] and table["tilelang"].general
 
 
-def test_the_main_build_keeps_four_16_byte_loads_in_flight_per_thread_whatever_the_kind_reads():
-    for kind, inputs in programs.INPUTS.items():
-        config = policy.launch_config(kind, torch.bfloat16, True)
-        assert config["vec"] * torch.bfloat16.itemsize == 16
-        assert config["per_thread"] * inputs in (3, 4), (kind, config)
-        candidates = policy.tuning_candidates(kind, torch.bfloat16, True)
-        assert candidates[0] == config and len({tuple(c.items()) for c in candidates}) == len(candidates)
+def test_one_build_of_128_thread_blocks_and_one_16_byte_access_a_thread_serves_every_call():
+    config = policy.launch_config(torch.bfloat16, True)
+    assert config == {"vec": 8, "threads": 128, "per_thread": 1}  # 1024 elements a block
+    assert policy.launch_config(torch.float32, True)["vec"] * 4 == 16
+    candidates = policy.tuning_candidates(torch.bfloat16, True)
+    assert candidates[0] == config and len({tuple(c.items()) for c in candidates}) == len(candidates)
+    assert all(c["vec"] == 8 for c in candidates) and {"threads": 256, "per_thread": 4} in [
+        {k: c[k] for k in ("threads", "per_thread")} for c in candidates
+    ]
 
 
 def test_the_access_is_16_bytes_where_aligned_and_one_element_otherwise():
     assert [vector_width(dtype, True) for dtype in policy.DTYPES] == [8, 8, 4]
     assert {vector_width(dtype, False) for dtype in policy.DTYPES} == {1}
     assert policy.refusal(torch.float64) and policy.refusal(torch.bfloat16) is None
-    assert policy.small_call_elements(policy.launch_config("act", torch.bfloat16, True), 132) == 132 * 4 * 128 * 8
 
 
 def test_the_ops_call_a_call_aligned_only_when_every_access_can_be_16_bytes():
@@ -78,7 +77,7 @@ def _described(shape, dtype, address=0):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Kernels built for cuda:0 with their programs, device facts and the C++ launcher replaced,
+    """Kernels built for cuda:0 with their programs and the C++ launcher replaced,
     so that the production forward runs on CPU tensors; the list of (config, rank, tensors)."""
     from tileops.kernels.cuda import fast_launch
     from tileops.kernels.cuda import kernel as kernel_module
@@ -92,7 +91,6 @@ def launches(monkeypatch):
     monkeypatch.setattr(kernel_module, "gpu_model", lambda device: "GPU")
     monkeypatch.setattr(kernel_module, "current_device_index", lambda: 0)
     monkeypatch.setattr(fast_launch, "launcher", lambda *args, **kwargs: None)
-    monkeypatch.setattr(kernels, "facts_for", lambda device: DeviceFacts("cuda", 90, 132, None, "GPU"))
     monkeypatch.setattr(kernel_module.TileLangKernel, "_launch_function", compiled)
     return launched
 
@@ -108,7 +106,7 @@ def test_a_gated_backward_kernel_passes_dy_gate_up_then_two_outputs_like_dy(laun
     config, rank, tensors = launches[-1]
     assert rank == 1 and tensors[:3] == (dy, gate, up) and tensors[3] is dgate and tensors[4] is dup
     assert dgate.shape == dup.shape == dy.shape and dgate.dtype == torch.bfloat16
-    assert config == {"vec": 8, **policy.SMALL}  # 4096 elements: a small call
+    assert config == policy.launch_config(torch.bfloat16, True)
 
 
 def test_the_in_place_gated_backward_kernel_launches_on_dy_gate_up_alone_and_allocates_nothing(launches):
@@ -117,7 +115,7 @@ def test_the_in_place_gated_backward_kernel_launches_on_dy_gate_up_alone_and_all
     assert kernel.forward(dy, gate, up) == ()
     config, rank, tensors = launches[-1]
     assert rank == 1 and len(tensors) == 3 and all(a is b for a, b in zip(tensors, (dy, gate, up)))
-    assert config == policy.launch_config("gated_bwd_inplace", torch.bfloat16, True)  # a large call: the main build
+    assert config == policy.launch_config(torch.bfloat16, True)
 
 
 def test_the_in_place_packed_backward_kernel_launches_on_dy_and_x_alone_and_allocates_nothing(launches):
@@ -126,35 +124,28 @@ def test_the_in_place_packed_backward_kernel_launches_on_dy_and_x_alone_and_allo
     assert kernel.forward(dy, x) == ()
     config, rank, tensors = launches[-1]
     assert rank == 2 and len(tensors) == 2 and tensors[0] is dy and tensors[1] is x
-    assert config == policy.launch_config("packed_bwd_inplace", torch.bfloat16, True)  # sized by x: the main build
+    assert config == policy.launch_config(torch.bfloat16, True)
 
 
-def test_large_calls_take_the_main_build_and_unaligned_kernels_the_scalar_programs(launches):
+def test_calls_of_every_size_take_the_one_build_and_unaligned_kernels_the_scalar_programs(launches):
     kernel = _kernel(SwiGLUBwdOp(), GatedBwdInterface, torch.float16, aligned=False)
-    bound = policy.small_call_elements(kernel.default_config(), 132)
-    tensors = [torch.zeros(bound + 1, dtype=torch.float16) for _ in range(3)]
-    kernel.forward(*tensors)
-    assert launches[-1][0] == {"vec": 1, "threads": 256, "per_thread": 1}  # three inputs: one access each
-    kernel.forward(*(t[:bound] for t in tensors))
-    assert launches[-1][0] == {"vec": 1, **policy.SMALL}
+    for elements in (1, 5000, 1 << 22):
+        kernel.forward(*(torch.zeros(elements, dtype=torch.float16) for _ in range(3)))
+        assert launches[-1][0] == {"vec": 1, "threads": 128, "per_thread": 1}
 
 
-def test_a_tune_request_on_a_small_call_tunes_the_small_build_under_a_key_of_its_own(launches, monkeypatch, tmp_path):
+def test_a_tune_request_keeps_the_fastest_candidate_for_later_kernels_of_the_same_identity(launches, monkeypatch, tmp_path):
     import json
 
-    fastest = {"threads": 64, "per_thread": 2}
+    fastest = {"threads": 256, "per_thread": 2}
     tuning_timed_by_config(monkeypatch, tmp_path, launches, fastest)
     kernel = _kernel(SiLUFwdOp(), ActivationFwdInterface, torch.bfloat16)
-    small = {"vec": 8, **policy.SMALL}
-    assert policy.small_candidates(small)[0] == small and len(policy.small_candidates(small)) == 6
     kernel.request_tune()
     kernel.forward(torch.zeros(4096, dtype=torch.bfloat16))
-    chosen = {**small, **fastest}
-    assert kernel.config["tuned_builds"] == {"small": chosen}
-    assert launches[-1][0] == chosen  # the call itself ran what tuning chose
-    assert kernel.config["threads"] == policy.THREADS  # the main build is left as it was
+    chosen = {**policy.launch_config(torch.bfloat16, True), **fastest}
+    assert launches[-1][0] == chosen and kernel.config == chosen  # the call itself ran what tuning chose
     stored = json.loads((tmp_path / "tuning" / "GPU.json").read_text())
-    assert stored == {f"{kernel._tuning_key}/small": chosen}
+    assert stored == {kernel._tuning_key: chosen}
     again = _kernel(SiLUFwdOp(), ActivationFwdInterface, torch.bfloat16)
     again.forward(torch.zeros(8192, dtype=torch.bfloat16))
     assert launches[-1][0] == chosen  # a later kernel of the same identity starts with it
@@ -191,20 +182,21 @@ def test_a_program_of_every_kind_is_built_for_every_activation_without_compiling
 COMPILE = """
 import torch
 from tileops.kernels.cuda.activation import policy, programs
-from tileops.kernels.cuda.row_layout import vector_width
 target = {"kind": "cuda", "arch": "sm_90"}
-# One build per kind: each activation, each dtype, vector and scalar accesses, both launch shapes.
+# One build per kind: each activation, each dtype, vector and scalar accesses, the rule's launch
+# shape and a tuning candidate's several accesses a thread.
+several = {"threads": 256, "per_thread": 4}
 for kind, activation, dtype, aligned, d, config in [
-    ("act", "silu", torch.bfloat16, True, 0, policy.launch_config("act", torch.bfloat16, True)),
-    ("act_bwd", "gelu", torch.float16, True, 0, policy.SMALL),
-    ("gated", "gelu_tanh", torch.float32, True, 0, policy.launch_config("gated", torch.float32, True)),
-    ("gated_bwd", "silu", torch.bfloat16, False, 0, policy.launch_config("gated_bwd", torch.bfloat16, False)),
-    ("gated_bwd_inplace", "silu", torch.bfloat16, True, 0, policy.launch_config("gated_bwd_inplace", torch.bfloat16, True)),
-    ("packed", "silu", torch.bfloat16, True, 14336, policy.launch_config("packed", torch.bfloat16, True)),
-    ("packed_bwd", "gelu", torch.float32, False, 1001, policy.SMALL),
-    ("packed_bwd_inplace", "silu", torch.bfloat16, True, 4096, policy.launch_config("packed_bwd_inplace", torch.bfloat16, True)),
+    ("act", "silu", torch.bfloat16, True, 0, {}),
+    ("act_bwd", "gelu", torch.float16, True, 0, several),
+    ("gated", "gelu_tanh", torch.float32, True, 0, {}),
+    ("gated_bwd", "silu", torch.bfloat16, False, 0, {}),
+    ("gated_bwd_inplace", "silu", torch.bfloat16, True, 0, several),
+    ("packed", "silu", torch.bfloat16, True, 14336, {}),
+    ("packed_bwd", "gelu", torch.float32, False, 1001, several),
+    ("packed_bwd_inplace", "silu", torch.bfloat16, True, 4096, {}),
 ]:
-    config = {"vec": vector_width(dtype, aligned), **config}
+    config = {**policy.launch_config(dtype, aligned), **config}
     kernel = programs.compile_program(kind, activation, dtype, target, d=d, **config)
     source = kernel.get_kernel_source()
     body = source[source.index("__launch_bounds__"):]

@@ -4,8 +4,8 @@ One kernel class per interface, each a key ``tilelang`` in ``KERNELS`` (interfac
 class), the table the activation ops name. A kernel is built per (device, dtype, activation,
 alignment; and d for the packed kinds): an aligned call (16-byte aligned pointers, lengths of
 whole 16-byte accesses) gets the vectorised programs, any other the scalar ones, so the kernel
-serves every call of its dtypes. Each has a main and a small build, chosen per call by the
-sizing tensor's element count (``policy``). float64 calls are refused (plain torch serves them).
+serves every call of its dtypes, with one build whatever the call's size (``policy``). float64
+calls are refused (plain torch serves them).
 Importing this module does not import tilelang; building a kernel does.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from tileops.core import facts_for
 from tileops.ops.activation import (
     ActivationBwdInterface,
     ActivationFwdInterface,
@@ -25,7 +24,6 @@ from tileops.ops.activation import (
     PackedGatedInplaceBwdInterface,
 )
 
-from ..device import sm_count
 from ..kernel import BuildPlan, Output, TileLangKernel
 from . import policy, programs
 
@@ -38,7 +36,6 @@ class _TileLangActivation(TileLangKernel):
     ranks_built_eagerly = (1,)  # the 1-D kinds take 1-D tensors: compiled with the kernel
 
     def __init__(self, call) -> None:
-        self.sm_count = sm_count(facts_for(call.device))
         super().__init__(call.device, call)
 
     @classmethod
@@ -54,20 +51,13 @@ class _TileLangActivation(TileLangKernel):
         return (self.kind, call.activation, call.dtype, call.aligned, getattr(call, "d", 0))
 
     def default_config(self) -> dict[str, Any]:
-        return policy.launch_config(self.kind, self.params.dtype, self.params.aligned)
+        return policy.launch_config(self.params.dtype, self.params.aligned)
 
     def tuning_candidates(self) -> list[dict[str, Any]]:
-        return policy.tuning_candidates(self.kind, self.params.dtype, self.params.aligned)
+        return policy.tuning_candidates(self.params.dtype, self.params.aligned)
 
     def build_plan(self, config: dict[str, Any]) -> BuildPlan:
-        small = policy.small_config(config)
-        bound = policy.small_call_elements(config, self.sm_count)
-        shown = {**config, "small_build": {"max_elements": bound, **small}}
-        # A tuning request on a small call times the small build's own neighbours.
-        return BuildPlan(
-            {"main": config, "small": small}, ((bound, "small"),), tunable={"small": policy.small_candidates(small)},
-            shown=shown,
-        )
+        return BuildPlan({"main": config}, shown=dict(config))
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
         # The interfaces fix each kind's ranks (1-D, or (m, n) rows for the packed kinds).

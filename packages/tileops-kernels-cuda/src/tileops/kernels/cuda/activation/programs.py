@@ -38,9 +38,6 @@ from ..compile import compile_once
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 KINDS = ("act", "act_bwd", "gated", "gated_bwd", "gated_bwd_inplace", "packed", "packed_bwd", "packed_bwd_inplace")
-#: The tensors each kind reads: a thread has per_thread loads of each in flight at once.
-INPUTS = {"act": 1, "act_bwd": 2, "gated": 2, "gated_bwd": 3, "gated_bwd_inplace": 3, "packed": 2, "packed_bwd": 3,
-          "packed_bwd_inplace": 3}
 _ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 _SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
