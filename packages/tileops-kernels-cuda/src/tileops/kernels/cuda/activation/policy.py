@@ -10,9 +10,9 @@ kind reads (``per_thread`` = 1; a thread issues its loads before it computes, ``
   million elements (64 to 512 rows of an MLP's intermediate size) cut into 150 to 900 blocks
   and left some SMs a block more than others.
 - Loads in flight: 16 blocks of 128 threads fill an SM (2048 threads; the kinds take few
-  registers), which then has 32 KB of loads in flight for each tensor it reads, as much as the
-  H200's 4.8 TB/s over 132 SMs needs for a load's latency (under a microsecond); more accesses a
-  thread add nothing there.
+  registers), which then has 32 KB of loads in flight for each tensor it reads: the H200's copy
+  bandwidth (about 4.2 TB/s) over its 132 SMs is 32 KB a microsecond, longer than a load takes;
+  more accesses a thread add nothing there.
 
 Measured on an H100 (bf16, each program alone by CUDA-graph replay), silu kinds, 1x14336 to
 8192x14336 elements: 128 x 1 was the fastest configuration or within 1 % of it everywhere
