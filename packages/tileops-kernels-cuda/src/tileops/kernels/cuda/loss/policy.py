@@ -14,6 +14,11 @@ and enough blocks to reach every SM:
   per row-count tier (``ROW_TIERS``, each serving calls of at most that many rows), the main build
   (one split) serving the rest.
 
+The fused step (a reduced loss's training step: both passes over a row in one block) takes the
+rows step's main build, and where the rows its blocks hold at once would not fit in L2 together,
+half as many rows in blocks of twice the threads, the second pass reading each row from its end
+(``fused_config``).
+
 The grad step is elementwise: 256 threads of 4 accesses each per block, one grid row per logits
 row. Rows that are not whole 16-byte accesses in aligned tensors (an odd V) take the shifted
 programs in both steps: 16-byte accesses over each row's aligned middle, its ends element by
