@@ -33,6 +33,15 @@ def sm_count(facts: DeviceFacts | None) -> int:
     return facts.sm_count if facts is not None and facts.sm_count else 1
 
 
+def rows_fit_l2(facts: DeviceFacts | None, blocks_per_sm: int, row_bytes: int) -> bool | None:
+    """Whether the rows of ``blocks_per_sm`` one-row blocks on every SM of a device with
+    ``facts`` fit in its L2 together: where a kernel reads each row twice, whether the second
+    read is served from L2. None where the facts do not say (the caller's rule decides)."""
+    if facts is None or not (facts.l2_bytes and facts.sm_count):
+        return None
+    return facts.sm_count * blocks_per_sm * row_bytes <= facts.l2_bytes
+
+
 def shared_memory_per_block(device: torch.device) -> int | None:
     """The shared memory one block may opt in to on ``device``; None where it is not known, and on
     a machine without CUDA, where selection is only asked what would serve a call (``tileops

@@ -41,6 +41,7 @@ import torch
 
 from tileops.core import DeviceFacts
 
+from ..device import rows_fit_l2
 from ..powers import pow2_ceil
 from ..row_layout import shifts, vector_width
 
@@ -193,9 +194,7 @@ def _resident_rows_fit_l2(row_bytes: int, facts: DeviceFacts | None) -> bool:
     """Whether the rows of the 512-thread blocks a device runs at once (two per SM: the fused
     program asks ptxas for that) fit in its L2 together; True where the facts do not say, so
     that the rule keeps the rows step's build."""
-    if facts is None or not (facts.l2_bytes and facts.sm_count):
-        return True
-    return facts.sm_count * (MAX_FUSED_THREADS // MAX_THREADS) * row_bytes <= facts.l2_bytes
+    return rows_fit_l2(facts, MAX_FUSED_THREADS // MAX_THREADS, row_bytes) is not False
 
 
 def scale_config(dtype: torch.dtype, aligned: bool, sm_count: int) -> dict[str, Any]:

@@ -42,6 +42,7 @@ import torch
 
 from tileops.core import DeviceFacts
 
+from ..device import rows_fit_l2
 from ..powers import pow2_ceil
 from ..row_layout import shifts, vector_width
 from . import programs
@@ -133,11 +134,11 @@ def launch_config(
 
 
 def _short_rows_stay_in_l2(row_bytes: int, facts: DeviceFacts | None) -> bool:
-    """Whether the rows of every 512-thread block the GPU runs at once fit in its L2 together."""
-    if facts is None or not (facts.l2_bytes and facts.sm_count and facts.threads_per_sm):
+    """Whether the rows of every 512-thread block the GPU runs at once fit in its L2 together
+    (False where the facts do not say)."""
+    if facts is None or not facts.threads_per_sm:
         return False
-    resident = facts.sm_count * (facts.threads_per_sm // _STREAMED_SHORT_THREADS)
-    return resident * row_bytes <= facts.l2_bytes
+    return bool(rows_fit_l2(facts, facts.threads_per_sm // _STREAMED_SHORT_THREADS, row_bytes))
 
 
 def split_rows(sm_count: int) -> int:
