@@ -235,7 +235,8 @@ for kind, dtype, vocab, target_dtype, softcap, config in [
     source = kernel.get_kernel_source()
     body = source[source.index("__launch_bounds__"):]
     accesses = (body.count("(uint4*)") + body.count("(float4*)")) // 2  # each access casts both sides
-    print(kind, accesses, "tanhf" in body, "exp2f" in body, "CUDART_NAN_F" in body)
+    hinted = [body.count(f"tileops_load_{priority}(") for priority in ("evict_last", "evict_first")]
+    print(kind, accesses, *hinted, "tanhf" in body, "exp2f" in body, "CUDART_NAN_F" in body)
 """
 
 
@@ -244,14 +245,16 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
     result = run_python(COMPILE, env={"TILELANG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.split()[0] in programs.KINDS]
-    # kind, 16-byte accesses in the source (an unrolled loop shows one), tanh (soft-capping), exp2, NaN for a target out of range
+    # kind, 16-byte accesses in the source (an unrolled loop shows one), loads "evict last" and
+    # "evict first", tanh (soft-capping), exp2, NaN for a target out of range
     assert lines == [
-        ["partial", "1", "False", "True", "False"],
-        ["finish", "0", "True", "True", "True"],
-        ["grad", "2", "True", "True", "False"],
-        ["grad", "0", "False", "True", "False"],
-        ["partial", "1", "False", "True", "False"],
-        ["grad", "2", "False", "True", "False"],
-        ["fused", "3", "True", "True", "True"],  # two reads of the row and the gradient's write
-        ["scale", "2", "False", "False", "False"],
+        ["partial", "1", "0", "0", "False", "True", "False"],
+        ["finish", "0", "0", "0", "True", "True", "True"],
+        ["grad", "2", "0", "0", "True", "True", "False"],
+        ["grad", "0", "0", "0", "False", "True", "False"],
+        ["partial", "1", "0", "0", "False", "True", "False"],
+        ["grad", "2", "0", "0", "False", "True", "False"],
+        # The row's first read keeps it in L2 for the second, which lets it go; the gradient's write.
+        ["fused", "1", "1", "1", "True", "True", "True"],
+        ["scale", "2", "0", "0", "False", "False", "False"],
     ], result.stdout[-3000:]

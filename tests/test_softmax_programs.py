@@ -288,7 +288,7 @@ for name, kind, n, dtype, out_dtype, log, config in [
     source = programs.compile_program(kind, n, dtype, out_dtype, log, target, **config).get_kernel_source()
     body = source[source.index("__launch_bounds__"):]
     bounds = body[len("__launch_bounds__("):body.index(")")].split(", ")  # threads, and the blocks per SM asked for
-    print(name, "uint4" in body or "float4" in body, body.count("tileops_softmax_load_evict"), "exp2f" in body, "logf" in body,
+    print(name, "uint4" in body or "float4" in body, body.count("tileops_load_evict"), "exp2f" in body, "logf" in body,
           bounds[1] if len(bounds) > 1 else 1)
 """
 

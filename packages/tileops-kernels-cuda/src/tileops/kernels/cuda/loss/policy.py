@@ -165,7 +165,13 @@ def fused_config(
     364, 8192 x 32000 369 -> 448) and reading from the end alone gained nothing everywhere (8192
     x 32000 369 -> 385, 2048 x 30522 98.4 -> 99.0, 4096 x 50257 351 -> 340). Earlier, 512 x 4
     against 256 x 4, 512 x 2, 1024 x 2 and 1024 x 1 (all reading forwards): best or within 4 %
-    on rows of 30001-50257 (2048 x 30522: 98.2 us, the rows and grad steps apart 148.7)."""
+    on rows of 30001-50257 (2048 x 30522: 98.2 us, the rows and grad steps apart 148.7).
+
+    The program's loads carry eviction priorities where the device has them (pass 1 "evict
+    last", pass 2 "evict first"), which moved the numbers above (H100, both builds of the rule):
+    4096 x 128256 914 -> 767 us, 2048 x 151936 559 -> 489, 3000 x 100000 503 -> 468, 4096 x
+    50257 351 -> 315, 8192 x 32000 369 -> 350; with them the rule's choice stayed the faster of
+    the two on every shape but 6000 x 65536, where both took 573-576 us."""
     config = rows_config(dtype, vocab, aligned, pointers_aligned)
     fused = {key: config[key] for key in ("vec", "threads", "unroll", *(("shifted",) if "shifted" in config else ()))}
     if config["threads"] == MAX_THREADS and not _resident_rows_fit_l2(vocab * dtype.itemsize, facts):

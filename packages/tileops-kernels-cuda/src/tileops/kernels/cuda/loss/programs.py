@@ -19,7 +19,9 @@ serves every row count) and V a compile-time constant:
   may be the logits themselves.
 - ``fused``: ``partial`` (one span per row), ``finish`` and ``grad`` in one block per row, for a
   reduced loss's training step: the row is read a second time for its gradient right after its
-  statistics, from L2 where the rows in flight fit there.
+  statistics, from L2 where the rows in flight fit there. Its 16-byte loads carry eviction
+  priorities (``cache_hints``) where the target has them: the first pass's "evict last", the
+  second's "evict first".
 - ``scale``: a gradient multiplied in place by the incoming gradient of the loss, skipped where
   that is 1.
 
@@ -38,6 +40,7 @@ import math
 
 import torch
 
+from ..cache_hints import ACCESS_BYTES, PRIORITY_LOADS, has_cache_priorities
 from ..compile import GUARDED_BY_THE_PROGRAM, compile_once
 from ..row_layout import GEOMETRY, RowLayout
 
@@ -57,9 +60,10 @@ def _capper(softcap):
     return lambda x: softcap * T.tanh(x * (1.0 / softcap))
 
 
-def _span_statistics(dt, layout, softcap, *, vec, threads, unroll, span, sums_logits):
+def _span_statistics(dt, layout, softcap, *, vec, threads, unroll, span, sums_logits, priority=None):
     """The macros of the online pass over one span of ``span`` accesses of a row (``partial``'s
-    and ``fused``'s): ``fold(flat, geo, row, first, tx, buf, z, m, s, sz, top, shift)`` leaves
+    and ``fused``'s), loading with eviction ``priority`` where it is given (a 16-byte access and
+    ``PRIORITY_LOADS`` imported): ``fold(flat, geo, row, first, tx, buf, z, m, s, sz, top, shift)`` leaves
     each thread's maximum m, sum s of exp(z - m) and sum sz of z over the span that starts at
     access ``first`` (the row's edges too, where ``first`` is 0); ``combine(m, s, sz, top, red,
     tx)`` gives every thread the block's maximum in top and its sums, rescaled to it, in s and sz."""
@@ -70,7 +74,7 @@ def _span_statistics(dt, layout, softcap, *, vec, threads, unroll, span, sums_lo
     warps = threads // 32
     width = unroll * vec
     cap = _capper(softcap)
-    lanes = T.vectorized if vec > 1 else T.serial
+    load = _access_loader(vec, priority)
 
     @T.macro
     def fold(flat, geo, row, first, tx, buf, z, m, s, sz, top, shift):
@@ -90,8 +94,7 @@ def _span_statistics(dt, layout, softcap, *, vec, threads, unroll, span, sums_lo
             for u in T.unroll(unroll):
                 access = first + (step * unroll + u) * threads + tx
                 if access < end:
-                    for k in lanes(vec):
-                        buf[u * vec + k] = flat[(layout.first_access(geo, row) + access) * vec + k]
+                    load(buf, u * vec, flat, (layout.first_access(geo, row) + access) * vec)
             top[0] = m[0]
             for u in T.unroll(unroll):
                 access = first + (step * unroll + u) * threads + tx
@@ -135,6 +138,24 @@ def _span_statistics(dt, layout, softcap, *, vec, threads, unroll, span, sums_lo
             sz[0] = sz[0] + red[2, w + 1]
 
     return fold, combine
+
+
+def _access_loader(vec, priority):
+    """The macro ``load(dst, di, src, index)``: the ``vec`` elements of flat ``src`` from
+    ``index`` into dst[di:], as one load with eviction ``priority`` where that is given."""
+    import tilelang.language as T
+
+    lanes = T.vectorized if vec > 1 else T.serial
+
+    @T.macro
+    def load(dst, di, src, index):
+        if priority is not None:
+            T.call_extern("handle", f"tileops_load_{priority}", T.address_of(dst[di]), T.address_of(src[index]))
+        else:
+            for k in lanes(vec):
+                dst[di + k] = src[index + k]
+
+    return load
 
 
 def make_partial(dtype, vocab, softcap, *, vec, threads, unroll, splits, sums_logits=True, shifted=False):
@@ -310,7 +331,7 @@ def make_grad(dtype, vocab, target_dtype, softcap, *, vec, threads, per_thread, 
 
 def make_fused(
     dtype, vocab, target_dtype, softcap, *, vec, threads, unroll, ignore_index, smoothing, z_scale, shifted=False,
-    from_end=False,
+    from_end=False, cache_priorities=False,
 ):
     """The ``fused`` program (see the module): one block per row streams it once for its online
     maximum and sum (as ``partial`` with one split), writes the row's loss and lse (as
@@ -319,7 +340,9 @@ def make_fused(
     second read of a row follows the first within the block, so it is served by L2 where the
     rows in flight (a block's per SM slot) fit in it: the logits are then read once from memory.
     With ``from_end`` the second pass walks the row backwards, from the accesses the first pass
-    made last: where the rows in flight do not fit in L2, those are the ones still there."""
+    made last: where the rows in flight do not fit in L2, those are the ones still there.
+    ``cache_priorities``: whether the target has loads with eviction priorities (used for
+    16-byte accesses)."""
     import tilelang.language as T
 
     dt, f32, it = _TL_DTYPES[dtype], "float32", _TL_INDEX[target_dtype]
@@ -330,11 +353,14 @@ def make_fused(
     steps = math.ceil(layout.most / (threads * unroll))
     width = unroll * vec
     cap = _capper(softcap)
+    hinted = cache_priorities and vec * dtype.itemsize == ACCESS_BYTES
     fold, combine = _span_statistics(
-        dt, layout, softcap, vec=vec, threads=threads, unroll=unroll, span=layout.most, sums_logits=smoothing != 0
+        dt, layout, softcap, vec=vec, threads=threads, unroll=unroll, span=layout.most, sums_logits=smoothing != 0,
+        priority="evict_last" if hinted else None,
     )
     gradient = _gradient_macro(vocab, softcap, smoothing)
     lanes = T.vectorized if vec > 1 else T.serial
+    load_again = _access_loader(vec, "evict_first" if hinted else None)
 
     def second_pass_access(step, u, tx):
         """The access thread ``tx`` makes at the second pass's (step, u): the first pass's
@@ -351,6 +377,8 @@ def make_fused(
     ):
         with T.Kernel(n, threads=threads) as bx:
             T.annotate_min_blocks_per_sm(max(1, 1024 // threads))  # as ``partial``
+            if hinted:
+                T.import_source(PRIORITY_LOADS)
             tx = T.get_thread_binding()
             flat, gflat = T.reshape(logits, (n * vocab,)), T.reshape(grad, (n * vocab,))
             row = T.cast(bx, "int64")
@@ -389,8 +417,7 @@ def make_fused(
                 for u in T.unroll(unroll):
                     access = second_pass_access(step, u, tx)
                     if access < end:
-                        for k in lanes(vec):
-                            buf[u * vec + k] = flat[(layout.first_access(geo, row) + access) * vec + k]
+                        load_again(buf, u * vec, flat, (layout.first_access(geo, row) + access) * vec)
                 for u in T.unroll(unroll):
                     access = second_pass_access(step, u, tx)
                     if access < end:
@@ -451,11 +478,12 @@ def compile_program(kind, dtype, vocab, target_dtype, softcap, target, **config)
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
     identity = ("loss", kind, dtype, vocab, target_dtype, softcap, tuple(sorted(config.items())))
+    priorities = has_cache_priorities(target)
     makers = {
         "partial": lambda: make_partial(dtype, vocab, softcap, **config),
         "finish": lambda: make_finish(dtype, vocab, target_dtype, softcap, **config),
         "grad": lambda: make_grad(dtype, vocab, target_dtype, softcap, **config),
-        "fused": lambda: make_fused(dtype, vocab, target_dtype, softcap, **config),
+        "fused": lambda: make_fused(dtype, vocab, target_dtype, softcap, cache_priorities=priorities, **config),
         "scale": lambda: make_scale(dtype, **config),
     }
     return compile_once(identity, makers[kind], target, pass_configs=GUARDED_BY_THE_PROGRAM)

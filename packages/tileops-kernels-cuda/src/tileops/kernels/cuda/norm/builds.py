@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from ..powers import pow2_ceil, pow2_floor
-from .policy import MAX_THREADS, check_kind, has_cache_priorities
+from ..cache_hints import has_cache_priorities
+from .policy import MAX_THREADS, check_kind
 
 # The fused kinds in registers read x and the residual once. Loading them "evict first" leaves
 # the L2 to the outputs, which pays on calls whose four tensors (x, the residual, y and the sum:

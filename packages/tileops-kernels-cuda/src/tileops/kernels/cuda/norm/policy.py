@@ -26,9 +26,7 @@ three more builds for some calls, by x's size (``builds``: decode, few-row, evic
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from typing import Any
 
 import torch
@@ -339,16 +337,3 @@ def shared_memory_refusal(kind: str, n: int, dtype: torch.dtype, shared_per_bloc
         f"a row of {n * dtype.itemsize} bytes takes {need} bytes of shared memory a block and this GPU gives "
         f"a block at most {shared_per_block}: the 'streamed' variant serves it"
     )
-
-
-
-def has_cache_priorities(target: str | dict) -> bool:
-    """Whether ``target``'s GPU has L2 cache-policy loads (``createpolicy``: sm_80 and later).
-
-    The architecture comes from the target (``{"arch": "sm_90"}``, ``-arch=sm_90``); a bare
-    ``"cuda"`` means the current GPU, as TileLang reads it.
-    """
-    found = re.search(r"sm_(\d+)", json.dumps(target) if isinstance(target, dict) else str(target))
-    if found:
-        return int(found.group(1)) >= 80
-    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 8

@@ -50,9 +50,10 @@ import math
 
 import torch
 
+from ..cache_hints import PRIORITY_LOADS, has_cache_priorities
 from ..compile import compile_once
 from .builds import has_evict_first_build
-from .policy import MAX_THREADS, check_kind, has_cache_priorities
+from .policy import MAX_THREADS, check_kind
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -231,7 +232,7 @@ def make_program(
         rstd_out = T.Tensor((m,), f32, rstd_in.data) if save_stats else rstd_in
         with T.Kernel(T.ceildiv(m, rows), threads=threads) as bx:
             if hinted:
-                T.import_source(_PRIORITY_LOADS)
+                T.import_source(PRIORITY_LOADS)
             tx = T.get_thread_binding()
             lane = tx % tpr
             row = bx * rows + tx // tpr
@@ -369,25 +370,6 @@ def make_program(
                                     y[row, col] = normalised(f(buf[bi + v]), wv, bv, mean, rstd)
 
     return main
-
-
-def _priority_load(priority: str) -> str:
-    """CUDA source of tileops_load_<priority>(dst, src): one 16-byte global load
-    with that eviction priority in L1 and in L2 (PTX createpolicy + cache_hint)."""
-    return f"""
-template <typename T>
-__device__ __forceinline__ void tileops_load_{priority}(T* dst, const T* src) {{
-  uint4 v;
-  unsigned long long policy;
-  asm("createpolicy.fractional.L2::{priority}.b64 %0, 1.0;" : "=l"(policy));
-  asm("ld.global.L1::{priority}.L2::cache_hint.v4.u32 {{%0, %1, %2, %3}}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src), "l"(policy));
-  *reinterpret_cast<uint4*>(dst) = v;
-}}
-"""
-
-
-_PRIORITY_LOADS = _priority_load("evict_last") + _priority_load("evict_first")
 
 
 def compile_config(kind, n, dtype, eps, has_weight, has_bias, target, **config):

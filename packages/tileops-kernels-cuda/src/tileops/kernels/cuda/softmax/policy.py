@@ -33,9 +33,7 @@ what ``request_tune`` times around them.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from typing import Any
 
 import torch
@@ -207,15 +205,3 @@ def tuning_candidates(
             if candidate not in candidates:
                 candidates.append(candidate)
     return candidates
-
-
-def has_cache_priorities(target: str | dict) -> bool:
-    """Whether ``target``'s GPU has L2 cache-policy loads (``createpolicy``: sm_80 and later).
-
-    The architecture comes from the target (``{"arch": "sm_90"}``); a bare ``"cuda"`` means the
-    current GPU, as TileLang reads it.
-    """
-    found = re.search(r"sm_(\d+)", json.dumps(target) if isinstance(target, dict) else str(target))
-    if found:
-        return int(found.group(1)) >= 80
-    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 8

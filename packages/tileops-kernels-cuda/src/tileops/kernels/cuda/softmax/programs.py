@@ -38,6 +38,7 @@ import math
 
 import torch
 
+from ..cache_hints import PRIORITY_LOADS, has_cache_priorities
 from ..compile import GUARDED_BY_THE_PROGRAM, compile_once
 from ..row_layout import GEOMETRY, RowLayout
 
@@ -313,7 +314,7 @@ def make_program(
     def load(dst, di, src, index, priority):
         """vec elements of flat ``src`` from ``index`` (an access's first) into dst[di:]."""
         if hinted:
-            T.call_extern("handle", f"tileops_softmax_load_{priority}", T.address_of(dst[di]), T.address_of(src[index]))
+            T.call_extern("handle", f"tileops_load_{priority}", T.address_of(dst[di]), T.address_of(src[index]))
         else:
             for v in lanes(vec):
                 dst[di + v] = src[index + v]
@@ -450,7 +451,7 @@ def make_program(
 
     def prelude():
         if hinted:
-            T.import_source(_PRIORITY_LOADS)
+            T.import_source(PRIORITY_LOADS)
 
     red_size = 2 * max(1, threads // 32)
     if not backward:
@@ -590,29 +591,8 @@ def _gradient(T, log, dy_element, y_element, total):
     return y * (g - total)
 
 
-def _priority_load(priority: str) -> str:
-    """CUDA source of tileops_softmax_load_<priority>(dst, src): one 16-byte global load with
-    that eviction priority in L1 and L2 (PTX createpolicy and cache_hint)."""
-    return f"""
-template <typename T>
-__device__ __forceinline__ void tileops_softmax_load_{priority}(T* dst, const T* src) {{
-  uint4 v;
-  unsigned long long policy;
-  asm("createpolicy.fractional.L2::{priority}.b64 %0, 1.0;" : "=l"(policy));
-  asm("ld.global.L1::{priority}.L2::cache_hint.v4.u32 {{%0, %1, %2, %3}}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src), "l"(policy));
-  *reinterpret_cast<uint4*>(dst) = v;
-}}
-"""
-
-
-_PRIORITY_LOADS = _priority_load("evict_last") + _priority_load("evict_first")
-
-
 def compile_program(kind, n, dtype, out_dtype, log, target, **config):
     """The compiled kernel of one configuration for ``target``, once per process (and on disk)."""
-    from .policy import has_cache_priorities  # policy imports this module
-
     identity = ("softmax", kind, n, dtype, out_dtype, bool(log), tuple(sorted(config.items())))
     priorities = has_cache_priorities(target)
     return compile_once(
