@@ -118,10 +118,39 @@ def test_the_packed_gradient_written_over_x_is_the_packed_backwards_to_the_bit(d
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("leading", "d", "extra"), [
+    ((5,), 11008, 0),  # the halves of a fused gate-up projection: 16-byte accesses
+    ((2, 3), 4096, 8),  # 3-D, rows a whole access further apart
+    ((7,), 1001, 0),  # an odd width: the scalar row-view programs
+    ((4,), 4096, 3),  # a pitch that is not a whole access: scalar too
+    ((300,), 8, 0),  # rows of one access
+])
+def test_row_views_are_read_where_they_lie_forward_and_backward(leading, d, extra, dtype):
+    wide = torch.randn(*leading, 2 * d + extra, device="cuda", dtype=dtype) * 3
+    gate, up = wide[..., :d], wide[..., d + extra : 2 * d + extra]
+    assert not gate.is_contiguous() and gate.stride(-2) == 2 * d + extra
+    for op, name in UNARY:
+        _check(op, _act(name), [gate], dtype)
+        assert any(kernel.params.row_strides == (2 * d + extra,) for _, kernel in op.built_kernels())
+    for op, name in GATED:
+        _check(op, lambda g, u, name=name: _act(name)(g) * u, [gate, up], dtype)
+        pitches = {kernel.params.row_strides for _, kernel in op.built_kernels()}
+        assert (2 * d + extra,) * 2 in pitches
+    # The backward op on its own, on the forward's row views.
+    dy = torch.randn(*leading, d, device="cuda", dtype=dtype)
+    for op, _ in GATED:
+        backward = type(op).backward_class()(**{k: v for k, v in op.params.items() if k != "consume_inputs"})
+        dgate, dup = backward(dy, gate, up)
+        expected_gate, expected_up = backward(dy, gate.contiguous(), up.contiguous())
+        assert torch.equal(dgate, expected_gate) and torch.equal(dup, expected_up)
+        assert any(kernel.params.row_strides == (d, 2 * d + extra, 2 * d + extra) for _, kernel in backward.built_kernels())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_misaligned_non_contiguous_and_3d_inputs(dtype):
     base = torch.randn(4, 3, 2 * 4096 + 8, device="cuda", dtype=dtype)
     misaligned = base.view(-1)[1 : 1 + 4 * 3 * 4096].view(4, 3, 4096)  # data pointer off by one element
-    strided = base[..., :4096]  # rows of a wider tensor: copied to contiguous by the call path
+    strided = base[..., :4096]  # rows of a wider tensor: read at their pitch (a row view)
     up = torch.randn(4, 3, 4096, device="cuda", dtype=dtype)
     for tensor in (misaligned, strided):
         for op, name in UNARY:

@@ -24,7 +24,7 @@ from tileops.ops import (
     SwiGLUBwdOp,
     SwiGLUFwdOp,
 )
-from tileops.ops.activation.cpu import TorchCpuGated, TorchCpuPackedGated
+from tileops.ops.activation.cpu import TorchCpuGated, TorchCpuGatedBwd, TorchCpuPackedGated
 from tileops.testing import check_workload, workload_cases
 
 #: The CPU tier runs workloads up to this many elements in all; larger ones run in the GPU tier.
@@ -445,3 +445,74 @@ def test_an_implementation_gets_the_interfaces_shape_unless_it_takes_any(scoped_
     assert op(*inputs, out=out) is out
     torch.testing.assert_close(out, expected)
     assert implementation.seen == [given, given]
+
+
+class _RowViewRecordingGated(TorchCpuGated):
+    """A SwiGLU implementation on the CPU that records its call spec and the tensors it gets."""
+
+    general = False
+    takes_any_shape = False
+    seen: list = []
+
+    @classmethod
+    def entry_for(cls, call):
+        cls.seen.append(("spec", call))
+        return super().entry_for(call)
+
+    def forward(self, gate, up):
+        self.seen.append(("tensors", gate, up))
+        return super().forward(gate, up)
+
+
+class _RowViewTakingGated(_RowViewRecordingGated):
+    takes_row_views = True
+    seen: list = []
+
+
+class _RowViewTakingGatedBwd(TorchCpuGatedBwd):
+    general = False
+    takes_row_views = True
+    seen: list = []
+
+    def forward(self, dy, gate, up):
+        self.seen.append((dy, gate, up))
+        return super().forward(dy, gate, up)
+
+
+@pytest.mark.parametrize("implementation", [_RowViewTakingGated, _RowViewRecordingGated], ids=["takes", "copies"])
+def test_the_halves_of_a_fused_gate_up_projection_reach_a_kernel_as_row_views_only_where_it_takes_them(
+    scoped_registry, implementation
+):
+    implementation.seen.clear()
+    register_kernel_type("SwiGLUFwdOp", "recording", implementation)
+    d = 24
+    gate, up = torch.randn(2, 3, 2 * d).chunk(2, -1)  # (2, 3, 24) each, rows 48 apart
+    y = SwiGLUFwdOp()(gate, up)
+    torch.testing.assert_close(y, F.silu(gate) * up)
+    assert y.shape == gate.shape and y.is_contiguous()
+    (_, spec), (_, got_gate, got_up) = implementation.seen
+    assert (spec.width, spec.row_strides) == (d, (2 * d, 2 * d))
+    if implementation.takes_row_views:  # (m, width) views of the caller's memory, not copies
+        assert got_gate.shape == got_up.shape == (6, d)
+        assert got_gate.data_ptr() == gate.data_ptr() and got_gate.stride() == (2 * d, 1)
+        assert got_up.data_ptr() == up.data_ptr() and got_up.stride() == (2 * d, 1)
+    else:  # the interface's contiguous 1-D tensors
+        assert got_gate.shape == (6 * d,) and got_gate.is_contiguous() and got_gate.data_ptr() != gate.data_ptr()
+    implementation.seen.clear()
+    SwiGLUFwdOp()(gate.contiguous(), up.contiguous())
+    (_, spec), _ = implementation.seen
+    assert (spec.width, spec.row_strides) == (0, None)  # a contiguous call's spec, as before
+
+
+def test_the_backward_reads_the_forwards_row_views_where_they_lie(scoped_registry):
+    _RowViewTakingGatedBwd.seen.clear()
+    register_kernel_type("SwiGLUBwdOp", "recording", _RowViewTakingGatedBwd)
+    gate_up = torch.randn(5, 2 * 16, requires_grad=True)
+    gate, up = gate_up.chunk(2, -1)
+    SwiGLUFwdOp()(gate, up).sum().backward()
+    expected = gate_up.detach().clone().requires_grad_()
+    g, u = expected.chunk(2, -1)
+    (F.silu(g) * u).sum().backward()
+    torch.testing.assert_close(gate_up.grad, expected.grad)
+    ((dy, got_gate, got_up),) = _RowViewTakingGatedBwd.seen
+    assert got_gate.stride() == got_up.stride() == (32, 1) and got_up.data_ptr() == up.data_ptr()

@@ -173,6 +173,14 @@ def test_a_program_of_every_kind_is_built_for_every_activation_without_compiling
                 programs.make_program(kind, activation, torch.bfloat16, vec=vec, threads=128, per_thread=2, d=1024)
     with pytest.raises(ValueError, match="multiple of vec=8"):
         programs.make_program("packed", "silu", torch.bfloat16, vec=8, threads=128, per_thread=1, d=1001)
+    # Row views: one pitch per tensor read, each a whole number of accesses and at least a row.
+    for kind, reads in programs.ROW_VIEW_READS.items():
+        for vec in (1, 8):
+            pitches = (2048,) * reads
+            programs.make_program(kind, "silu", torch.bfloat16, vec=vec, threads=128, per_thread=2, d=1024, pitches=pitches)
+    for kind, pitches in (("gated", (2048,)), ("act", (1000,)), ("act", (2052,)), ("gated_bwd_inplace", (2048,) * 3)):
+        with pytest.raises(ValueError, match="pitches="):
+            programs.make_program(kind, "silu", torch.bfloat16, vec=8, threads=128, per_thread=1, d=1024, pitches=pitches)
     with pytest.raises(ValueError, match="unknown activation"):
         programs.make_program("act", "relu", torch.bfloat16, vec=8, threads=128, per_thread=1)
 
@@ -195,13 +203,16 @@ for kind, activation, dtype, aligned, d, config in [
     ("packed", "silu", torch.bfloat16, True, 14336, {}),
     ("packed_bwd", "gelu", torch.float32, False, 1001, several),
     ("packed_bwd_inplace", "silu", torch.bfloat16, True, 4096, {}),
+    # Row views (the halves of a fused gate-up projection): rows of d at their pitches.
+    ("gated_bwd", "silu", torch.bfloat16, True, 11008, {"pitches": (11008, 22016, 22016)}),
 ]:
     config = {**policy.launch_config(dtype, aligned), **config}
     kernel = programs.compile_program(kind, activation, dtype, target, d=d, **config)
     source = kernel.get_kernel_source()
     body = source[source.index("__launch_bounds__"):]
     accesses = (body.count("(uint4*)") + body.count("(float4*)")) // 2  # each access casts both sides
-    print(kind, config["vec"], accesses, "erff" in body, "tanhf" in body, "exp2f" in body)
+    pitched = ["pitch", str(config["pitches"][1]) in body] if "pitches" in config else []
+    print(kind, config["vec"], accesses, "erff" in body, "tanhf" in body, "exp2f" in body, *pitched)
 """
 
 
@@ -221,4 +232,5 @@ def test_one_build_per_kind_compiles_for_sm90_with_16_byte_accesses_where_aligne
         ["packed", "8", "3", "False", "False", "True"],
         ["packed_bwd", "1", "0", "True", "False", "False"],
         ["packed_bwd_inplace", "8", "5", "False", "False", "True"],  # dy, gate, up read; dgate, dup written over x
+        ["gated_bwd", "8", "5", "False", "False", "True", "pitch", "True"],  # gate and up read 22016 apart
     ], result.stdout[-3000:]

@@ -70,9 +70,9 @@ def test_every_shipped_manifest_entry_loads_and_matches_its_op_class():
          "is for inputs that are read (access: read), not access: readwrite: a written input is passed as it comes"),
         ({"signature__inputs__x__access": "shape"}, "signature.inputs.x.row_views", "not access: shape"),
         ({"signature__inputs__weight__row_views": True}, "signature.inputs.weight.row_views",
-         "needs a shape that begins with the leading dimensions ('...' or a group such as '*batch', not a param's) "
-         "and names the row after them, got [*normalized_shape]"),
-        ({"signature__inputs__x__shape": ["..."]}, "signature.inputs.x.row_views", "needs a shape that begins with the leading"),
+         "needs a shape that begins with the leading dimensions ('...' or a group such as '*batch', not a param's), "
+         "got [*normalized_shape]"),
+        ({"signature__inputs__x__shape": ["M", "N"]}, "signature.inputs.x.row_views", "needs a shape that begins with the leading"),
         ({"signature__inputs__x__shape": ["M", "*normalized_shape"]}, "signature.inputs.x.row_views",
          "got [M, *normalized_shape]"),
         ({"signature__inputs__x__row_views": "yes"}, "signature.inputs.x.row_views", "expected true or false"),

@@ -221,7 +221,8 @@ def _tensor(
 def _check_row_views(decl: TensorDecl, where: _Where, inputs: dict, shape_params: set[str]) -> None:
     """Refuse ``row_views: true`` where it means nothing: on an input that is not only read, or
     whose shape (its own or the one it follows) does not begin with its leading dimensions (``...``
-    or a group no param gives, such as ``*batch``) and name a row after it."""
+    or a group no param gives, such as ``*batch``), whose row is what follows them (the last
+    dimension where nothing does)."""
     if decl.access != "read":
         raise where.error(
             f"is for inputs that are read (access: read), not access: {decl.access}: a written input is passed as it "
@@ -235,7 +236,8 @@ def _check_row_views(decl: TensorDecl, where: _Where, inputs: dict, shape_params
     ):
         raise where.error(
             f"needs a shape that begins with the leading dimensions ('...' or a group such as '*batch', not a "
-            f"param's) and names the row after them, got {pattern}: the row is what follows the leading dimensions"
+            f"param's), got {pattern}: the row is what follows the leading dimensions (the last dimension where "
+            "nothing does)"
         )
 
 

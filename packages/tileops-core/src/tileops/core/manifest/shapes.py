@@ -105,11 +105,14 @@ class ShapePattern:
     def row_width(self, group_sizes: Callable[[str], Sequence[int] | None]) -> int | None:
         """How many trailing dimensions a row covers in a pattern that begins with a group of
         leading dimensions (``...`` or ``*name``): the width of every later entry (``widths``),
-        or None where the pattern does not begin with a group, names nothing after it, or has a
-        later group ``group_sizes`` does not know. (That the leading group is the free one, not
-        a param's, is the loader's check.)"""
-        if len(self.entries) < 2 or not self.entries[0].group:
+        or None where the pattern does not begin with a group or has a later group
+        ``group_sizes`` does not know. A pattern of the group alone (``["..."]``: any shape, an
+        elementwise op's) takes the last dimension as its row. (That the leading group is the
+        free one, not a param's, is the loader's check.)"""
+        if not self.entries or not self.entries[0].group:
             return None
+        if len(self.entries) == 1:
+            return 1
         later = self.widths(group_sizes)[1:]
         return None if None in later else sum(later)
 

@@ -8,6 +8,14 @@ tensors and gives the results their shape back. The packed interfaces take ``x``
 rows holding [gate | up] and ``dy``/``y`` as (m, d). An implementation that sets
 ``takes_any_shape = True`` receives the caller's tensors as they are instead (any rank; the
 packed ones (..., 2 * d) and (..., d)) and returns results of that shape.
+
+Row views: a call of the forward and two-tensor backward interfaces (not the in-place or packed
+ones) whose tensors include a row view (``tileops.core.row_views``: rows of the last dimension
+at a pitch, such as one half of a gate-up projection's output taken by ``chunk``) has a call
+spec with ``width`` (the last dimension) and ``row_strides`` (each tensor's pitch, in the
+interface's argument order). An implementation that sets ``takes_row_views = True`` then
+receives every tensor as an (m, width) view at its pitch and returns (m, width) results; any
+other receives contiguous 1-D copies, as for every other call.
 Every implementation computes in float32 (float64 for float64 tensors) and rounds once.
 
 ``activation`` names the function: ``"silu"``, ``"gelu"`` (the exact, erf form) or
@@ -35,12 +43,18 @@ class ActivationCall(CallSpec):
     ``aligned`` says that every tensor's data pointer is 16-byte aligned and the element count
     a multiple of 16 bytes' worth of elements (vectorised kernels need both; always True on
     the CPU, whose vector loads take any address). The element count itself is not part of the
-    spec, so a call of another shape reuses the kernel built.
+    spec, so a call of another shape reuses the kernel built (a call on row views, one of the
+    same width and pitches).
     """
 
     dtype: torch.dtype
     activation: str
     aligned: bool
+    #: A call on row views (see the module): the rows' length, and each tensor's pitch in the
+    #: interface's argument order; 0 and None for a call on contiguous tensors. ``aligned`` then
+    #: also says that the width and every pitch are whole 16-byte accesses.
+    width: int = 0
+    row_strides: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

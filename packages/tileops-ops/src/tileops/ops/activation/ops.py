@@ -4,18 +4,22 @@ forms of the gated ops (one tensor holding [gate | up]), forward and backward.
 Each op builds the call spec its interface takes, runs the implementation selection picks, and
 hands it the inputs as it takes them: flattened to 1-D for the elementwise interfaces, as (m,
 2 * d) rows for the packed ones, the results given the caller's shape back; an implementation
-that takes any shape gets the caller's tensors as they are. The forward ops are
+that takes any shape gets the caller's tensors as they are. A row view (the manifest lets them
+through uncopied: one half of a gate-up projection's output taken by chunk) reaches an
+implementation that takes row views as (m, width) rows at its pitch, any other as a contiguous
+copy. The forward ops are
 differentiable: they save nothing (``saves: []``), and core's autograd wiring calls the backward
 op their manifest entry names with the incoming gradient and the forward's inputs.
 """
 
 from __future__ import annotations
 
+import math
 from importlib.resources import files
 
 import torch
 
-from tileops.core import Op
+from tileops.core import Op, row_pitch
 
 from ..vector_access import vector_ready
 from .cpu import IMPLEMENTATIONS
@@ -69,6 +73,14 @@ def _deliver(result, like: torch.Tensor | None, out: torch.Tensor | None):
     return out
 
 
+def _pair(result, like: torch.Tensor | None):
+    """A two-result kernel's ``result`` with each given ``like``'s shape (``_deliver``); a
+    result that is not a pair is returned as it is, for the op's result check to report."""
+    if type(result) is not tuple or len(result) != 2:
+        return result
+    return _deliver(result[0], like, None), _deliver(result[1], like, None)
+
+
 class _ActivationOp(Op):
     manifest_file = files("tileops.ops") / "manifest" / "activation.yaml"
     # The TileLang kernels, key -> class per interface, imported when an op is first built.
@@ -87,10 +99,27 @@ class _ActivationOp(Op):
         """``vector_ready`` of a call's tensors, which the kernels take as one flat row each."""
         return vector_ready(device, _count(tensors[0]), tensors[0].dtype, *tensors)
 
-    def call_spec(self, interface, device, dtype, aligned):
-        """The call spec of ``kernel_for(interface, device, dtype, aligned)``: the function is
-        the instance's."""
-        return interface.call_spec(device, dtype, self.activation, aligned)
+    def call_spec(self, interface, device, dtype, aligned, width=0, row_strides=None):
+        """The call spec of ``kernel_for(interface, device, dtype, aligned[, width,
+        row_strides])``: the function is the instance's."""
+        return interface.call_spec(device, dtype, self.activation, aligned, width, row_strides)
+
+    def _row_view_call(self, interface, tensors: tuple) -> tuple:
+        """``(kernel, tensors as it takes them, like)`` for a call with a row view among
+        ``tensors``: (m, width) rows at their pitches for a kernel that takes row views, else
+        contiguous copies (1-D, or of the caller's shape for one that takes any shape); ``like``
+        is the tensor whose shape the results take (None: they have it already)."""
+        first = tensors[0]
+        device, dtype, width = first.device, first.dtype, first.shape[-1]
+        pitches = tuple(row_pitch(t, 1) for t in tensors)
+        # 16-byte accesses need the width and every pitch to be whole accesses: so is their gcd.
+        aligned = vector_ready(device, math.gcd(width, *pitches), dtype, *tensors)
+        kernel = self.kernel_for(interface, device, dtype, aligned, width, pitches)
+        if kernel.takes_row_views:
+            return kernel, tuple(t.view(-1, width) for t in tensors), first
+        if kernel.takes_any_shape:
+            return kernel, tuple(t.contiguous() for t in tensors), None
+        return kernel, tuple(t.contiguous().view(-1) for t in tensors), first
 
     def forward_saving(self, *inputs, **outs):
         # The activations save nothing: their backward reads the forward's inputs.
@@ -102,6 +131,9 @@ class _UnaryFwdOp(_ActivationOp):
     in_tree_kernels = {ActivationFwdInterface: IMPLEMENTATIONS[ActivationFwdInterface]}
 
     def forward(self, x, *, out=None):
+        if not x.is_contiguous():
+            kernel, (rows,), like = self._row_view_call(ActivationFwdInterface, (x,))
+            return _deliver(kernel.forward(rows), like, out)
         device = x.device
         kernel = self.kernel_for(ActivationFwdInterface, device, x.dtype, vector_ready(device, x.numel(), x.dtype, x))
         if kernel.takes_any_shape:
@@ -114,6 +146,9 @@ class _UnaryBwdOp(_ActivationOp):
     in_tree_kernels = {ActivationBwdInterface: IMPLEMENTATIONS[ActivationBwdInterface]}
 
     def forward(self, dy, x):
+        if not (x.is_contiguous() and dy.is_contiguous()):
+            kernel, rows, like = self._row_view_call(ActivationBwdInterface, (dy, x))
+            return _deliver(kernel.forward(*rows), like, None)
         device = dy.device
         kernel = self.kernel_for(ActivationBwdInterface, device, dy.dtype, vector_ready(device, dy.numel(), dy.dtype, dy, x))
         if kernel.takes_any_shape:
@@ -126,6 +161,9 @@ class _GatedFwdOp(_ActivationOp):
     in_tree_kernels = {GatedFwdInterface: IMPLEMENTATIONS[GatedFwdInterface]}
 
     def forward(self, gate, up, *, out=None):
+        if not (gate.is_contiguous() and up.is_contiguous()):
+            kernel, rows, like = self._row_view_call(GatedFwdInterface, (gate, up))
+            return _deliver(kernel.forward(*rows), like, out)
         device = gate.device
         kernel = self.kernel_for(GatedFwdInterface, device, gate.dtype, vector_ready(device, gate.numel(), gate.dtype, gate, up))
         if kernel.takes_any_shape:
@@ -138,14 +176,14 @@ class _GatedBwdOp(_ActivationOp):
     in_tree_kernels = {GatedBwdInterface: IMPLEMENTATIONS[GatedBwdInterface]}
 
     def forward(self, dy, gate, up):
+        if not (gate.is_contiguous() and up.is_contiguous() and dy.is_contiguous()):
+            kernel, rows, like = self._row_view_call(GatedBwdInterface, (dy, gate, up))
+            return _pair(kernel.forward(*rows), like)
         device = dy.device
         kernel = self.kernel_for(GatedBwdInterface, device, dy.dtype, vector_ready(device, dy.numel(), dy.dtype, dy, gate, up))
         if kernel.takes_any_shape:
             return kernel.forward(dy, gate, up)
-        result = kernel.forward(dy.view(-1), gate.view(-1), up.view(-1))
-        if type(result) is not tuple or len(result) != 2:
-            return result
-        return _deliver(result[0], dy, None), _deliver(result[1], dy, None)
+        return _pair(kernel.forward(dy.view(-1), gate.view(-1), up.view(-1)), dy)
 
 
 class _GatedInplaceBwdOp(_ActivationOp):

@@ -4,8 +4,10 @@ One kernel class per interface, each a key ``tilelang`` in ``KERNELS`` (interfac
 class), the table the activation ops name. A kernel is built per (device, dtype, activation,
 alignment; and d for the packed kinds): an aligned call (16-byte aligned pointers, lengths of
 whole 16-byte accesses) gets the vectorised programs, any other the scalar ones, so the kernel
-serves every call of its dtypes, with one build whatever the call's size (``policy``). float64
-calls are refused (plain torch serves them).
+serves every call of its dtypes, with one build whatever the call's size (``policy``). A call
+on row views (``ActivationCall.row_strides``) gets a kernel of its own width and pitches, which
+reads the views where they lie (``programs``: the kinds' row-view builds). float64 calls are
+refused (plain torch serves them).
 Importing this module does not import tilelang; building a kernel does.
 """
 
@@ -36,6 +38,8 @@ class _TileLangActivation(TileLangKernel):
     ranks_built_eagerly = (1,)  # the 1-D kinds take 1-D tensors: compiled with the kernel
 
     def __init__(self, call) -> None:
+        if getattr(call, "row_strides", None) is not None:
+            self.ranks_built_eagerly = (2,)  # (m, width) rows
         super().__init__(call.device, call)
 
     @classmethod
@@ -48,7 +52,8 @@ class _TileLangActivation(TileLangKernel):
 
     def identity(self) -> tuple:
         call = self.params
-        return (self.kind, call.activation, call.dtype, call.aligned, getattr(call, "d", 0))
+        rows = (call.width, call.row_strides) if getattr(call, "row_strides", None) is not None else ()
+        return (self.kind, call.activation, call.dtype, call.aligned, getattr(call, "d", 0), *rows)
 
     def default_config(self) -> dict[str, Any]:
         return policy.launch_config(self.params.dtype, self.params.aligned)
@@ -60,11 +65,12 @@ class _TileLangActivation(TileLangKernel):
         return BuildPlan({"main": config}, shown=dict(config))
 
     def compile(self, config: dict[str, Any], rank: int) -> Any:
-        # The interfaces fix each kind's ranks (1-D, or (m, n) rows for the packed kinds).
+        # The interfaces fix each kind's ranks (1-D, or (m, n) rows for the packed kinds and
+        # the row views).
         call = self.params
-        return programs.compile_program(
-            self.kind, call.activation, call.dtype, self.tilelang_target, d=getattr(call, "d", 0), **config
-        )
+        pitches = getattr(call, "row_strides", None)
+        shape = {"d": getattr(call, "d", 0)} if pitches is None else {"d": call.width, "pitches": pitches}
+        return programs.compile_program(self.kind, call.activation, call.dtype, self.tilelang_target, **shape, **config)
 
     def tuning_subject(self, sized) -> str:
         call = self.params
@@ -73,21 +79,25 @@ class _TileLangActivation(TileLangKernel):
 
 class ActivationKernel(_TileLangActivation, ActivationFwdInterface):
     kind = "act"
+    takes_row_views = True
     outputs = (Output.like_argument(0),)
 
 
 class ActivationBwdKernel(_TileLangActivation, ActivationBwdInterface):
     kind = "act_bwd"
+    takes_row_views = True
     outputs = (Output.like_argument(0),)
 
 
 class GatedKernel(_TileLangActivation, GatedFwdInterface):
     kind = "gated"
+    takes_row_views = True
     outputs = (Output.like_argument(0),)
 
 
 class GatedBwdKernel(_TileLangActivation, GatedBwdInterface):
     kind = "gated_bwd"
+    takes_row_views = True
     outputs = (Output.like_argument(0), Output.like_argument(0))
 
 

@@ -26,8 +26,16 @@ The kinds (``KINDS``), each a function of the activation ``act`` (silu, exact ge
 
 The lengths are symbolic, so one compiled program serves every length (the packed kinds' d is a
 compile-time constant, part of the call spec); lengths and element indices are 64-bit, so a
-tensor may hold more than 2**31 elements. Importing this module does not import tilelang;
-building a program does.
+tensor may hold more than 2**31 elements.
+
+Row views: ``act``, ``act_bwd``, ``gated`` and ``gated_bwd`` built with ``pitches`` (one per tensor
+they read, in their argument order) and ``d`` take every tensor as (m, d) rows, m symbolic: each
+tensor read at its own compile-time pitch (a slice of wider rows, such as one half of a gate-up
+projection's output), the results written as contiguous (m, d) rows. They address an access as
+the packed kinds do (row i // (d / vec)); a compile-time pitch keeps every row's start a
+provable multiple of the access.
+
+Importing this module does not import tilelang; building a program does.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
@@ -38,6 +46,8 @@ from ..compile import compile_once
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 KINDS = ("act", "act_bwd", "gated", "gated_bwd", "gated_bwd_inplace", "packed", "packed_bwd", "packed_bwd_inplace")
+#: The kinds that may read row views, and how many tensors each reads (one pitch each).
+ROW_VIEW_READS = {"act": 1, "act_bwd": 2, "gated": 2, "gated_bwd": 3}
 _ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 _SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
@@ -94,15 +104,26 @@ def _functions(activation: str):
     return act, both
 
 
-def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, threads: int, per_thread: int, d: int = 0):
+def make_program(
+    kind: str, activation: str, dtype: torch.dtype, *, vec: int, threads: int, per_thread: int, d: int = 0,
+    pitches: tuple[int, ...] | None = None,
+):
     """The TileLang PrimFunc of one kind (see the module) for one activation, dtype and launch
-    configuration; ``d`` is the packed kinds' half width (a multiple of ``vec``)."""
+    configuration; ``d`` is the packed kinds' half width and the row views' width, ``pitches``
+    the row views' pitches (each a multiple of ``vec`` of at least ``d``)."""
     import tilelang.language as T
 
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
-    if kind.startswith("packed") and (d < 1 or d % vec):
-        raise ValueError(f"the packed kinds need d >= 1 and a multiple of vec={vec}, got d={d}")
+    if (kind.startswith("packed") or pitches is not None) and (d < 1 or d % vec):
+        raise ValueError(f"the packed kinds and row views need d >= 1 and a multiple of vec={vec}, got d={d}")
+    if pitches is not None and (
+        len(pitches) != ROW_VIEW_READS.get(kind) or any(pitch < d or pitch % vec for pitch in pitches)
+    ):
+        raise ValueError(
+            f"pitches={pitches} for {kind} d={d} vec={vec}: the kinds {', '.join(ROW_VIEW_READS)} read row views, "
+            "one pitch per tensor read, each at least d and a multiple of vec"
+        )
     dt, f32 = _TL_DTYPES[dtype], "float32"
     act, both = _functions(activation)
     lanes = T.vectorized if vec > 1 else T.serial
@@ -161,91 +182,119 @@ def make_program(kind: str, activation: str, dtype: torch.dtype, *, vec: int, th
                     target[i // dv, offset + (i % dv) * vec + v] = registers[step * vec + v]
 
     held = per_thread * vec  # elements a thread holds of each tensor
-    if kind.startswith("packed"):
+    rows = pitches is not None
+    if kind.startswith("packed") or rows:
         m = T.dynamic("m", "int64")
     else:
         n = T.dynamic("n", "int64")
 
+    # The elementwise kinds' tensors: 1-D of n elements, or (m, d) rows (the read ones at their
+    # pitches), and their loads and stores by access.
+    def read(position):
+        return T.StridedTensor((m, d), (pitches[position], 1), dt) if rows else T.Tensor((n,), dt)
+
+    def written():
+        return T.Tensor((m, d), dt) if rows else T.Tensor((n,), dt)
+
+    def blocks():
+        return T.ceildiv(m * dv, chunk) if rows else T.ceildiv(n, chunk * vec)
+
+    @T.macro
+    def promise_whole_accesses():
+        if not rows:
+            T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+
+    @T.macro
+    def load(source, registers, bx, tx):
+        if rows:
+            gather_rows(source, registers, bx, tx, m * dv, 0)
+        else:
+            gather(source, registers, bx, tx, n)
+
+    @T.macro
+    def store(registers, target, bx, tx):
+        if rows:
+            scatter_rows(registers, target, bx, tx, m * dv, 0)
+        else:
+            scatter(registers, target, bx, tx, n)
+
     if kind == "act":
 
         @T.prim_func
-        def main(x: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
-            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+        def main(x: read(0), y: written()):
+            with T.Kernel(blocks(), threads=threads) as bx:
                 tx = T.get_thread_binding()
-                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+                promise_whole_accesses()
                 a = T.alloc_local((held,), dt)
                 o = T.alloc_local((held,), dt)
-                gather(x, a, bx, tx, n)
+                load(x, a, bx, tx)
                 for e in T.unroll(held):
                     o[e] = narrow(act(wide(a[e])))
-                scatter(o, y, bx, tx, n)
+                store(o, y, bx, tx)
 
         return main
 
     if kind == "act_bwd":
 
         @T.prim_func
-        def main(dy: T.Tensor((n,), dt), x: T.Tensor((n,), dt), dx: T.Tensor((n,), dt)):
-            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+        def main(dy: read(0), x: read(1), dx: written()):
+            with T.Kernel(blocks(), threads=threads) as bx:
                 tx = T.get_thread_binding()
-                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+                promise_whole_accesses()
                 g = T.alloc_local((held,), dt)
                 a = T.alloc_local((held,), dt)
                 o = T.alloc_local((held,), dt)
-                gather(dy, g, bx, tx, n)
-                gather(x, a, bx, tx, n)
+                load(dy, g, bx, tx)
+                load(x, a, bx, tx)
                 for e in T.unroll(held):
                     o[e] = narrow(wide(g[e]) * both(wide(a[e]))[1])
-                scatter(o, dx, bx, tx, n)
+                store(o, dx, bx, tx)
 
         return main
 
     if kind == "gated":
 
         @T.prim_func
-        def main(gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt), y: T.Tensor((n,), dt)):
-            with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+        def main(gate: read(0), up: read(1), y: written()):
+            with T.Kernel(blocks(), threads=threads) as bx:
                 tx = T.get_thread_binding()
-                T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+                promise_whole_accesses()
                 a = T.alloc_local((held,), dt)
                 b = T.alloc_local((held,), dt)
                 o = T.alloc_local((held,), dt)
-                gather(gate, a, bx, tx, n)
-                gather(up, b, bx, tx, n)
+                load(gate, a, bx, tx)
+                load(up, b, bx, tx)
                 for e in T.unroll(held):
                     o[e] = narrow(act(wide(a[e])) * wide(b[e]))
-                scatter(o, y, bx, tx, n)
+                store(o, y, bx, tx)
 
         return main
 
     @T.macro
     def gated_gradients(dy, gate, up, dgate, dup):
         # The in-place kind passes gate and up as dgate and dup: every load precedes every store.
-        with T.Kernel(T.ceildiv(n, chunk * vec), threads=threads) as bx:
+        with T.Kernel(blocks(), threads=threads) as bx:
             tx = T.get_thread_binding()
-            T.assume(n % vec == 0)  # the launch rule's promise: an access never straddles n
+            promise_whole_accesses()
             g = T.alloc_local((held,), dt)
             a = T.alloc_local((held,), dt)
             b = T.alloc_local((held,), dt)
             da = T.alloc_local((held,), dt)
             db = T.alloc_local((held,), dt)
-            gather(dy, g, bx, tx, n)
-            gather(gate, a, bx, tx, n)
-            gather(up, b, bx, tx, n)
+            load(dy, g, bx, tx)
+            load(gate, a, bx, tx)
+            load(up, b, bx, tx)
             for e in T.unroll(held):
                 value, derivative = both(wide(a[e]))
                 da[e] = narrow(wide(g[e]) * wide(b[e]) * derivative)
                 db[e] = narrow(wide(g[e]) * value)
-            scatter(da, dgate, bx, tx, n)
-            scatter(db, dup, bx, tx, n)
+            store(da, dgate, bx, tx)
+            store(db, dup, bx, tx)
 
     if kind == "gated_bwd":
 
         @T.prim_func
-        def main(
-            dy: T.Tensor((n,), dt), gate: T.Tensor((n,), dt), up: T.Tensor((n,), dt),
-            dgate: T.Tensor((n,), dt), dup: T.Tensor((n,), dt),
-        ):
+        def main(dy: read(0), gate: read(1), up: read(2), dgate: written(), dup: written()):
             gated_gradients(dy, gate, up, dgate, dup)
 
         return main
