@@ -136,13 +136,15 @@ def test_row_views_are_read_where_they_lie_forward_and_backward(leading, d, extr
         _check(op, lambda g, u, name=name: _act(name)(g) * u, [gate, up], dtype)
         pitches = {kernel.params.row_strides for _, kernel in op.built_kernels()}
         assert (2 * d + extra,) * 2 in pitches
-    # The backward op on its own, on the forward's row views.
+    # The backward op on its own, on the forward's row views, against its contiguous copies (a
+    # pitch that is not a whole access takes the scalar build there, the copies the vector one:
+    # float32 results may differ in the last bit where the compiler contracts otherwise).
     dy = torch.randn(*leading, d, device="cuda", dtype=dtype)
     for op, _ in GATED:
         backward = type(op).backward_class()(**{k: v for k, v in op.params.items() if k != "consume_inputs"})
-        dgate, dup = backward(dy, gate, up)
-        expected_gate, expected_up = backward(dy, gate.contiguous(), up.contiguous())
-        assert torch.equal(dgate, expected_gate) and torch.equal(dup, expected_up)
+        atol, rtol = _tolerance(type(backward), dtype)
+        for got, expected in zip(backward(dy, gate, up), backward(dy, gate.contiguous(), up.contiguous())):
+            torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
         assert any(kernel.params.row_strides == (d, 2 * d + extra, 2 * d + extra) for _, kernel in backward.built_kernels())
 
 
