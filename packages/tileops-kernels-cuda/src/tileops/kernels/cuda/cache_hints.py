@@ -16,9 +16,6 @@ import re
 
 import torch
 
-#: Bytes one priority load moves: a program uses it only for accesses of this size.
-ACCESS_BYTES = 16
-
 
 def has_cache_priorities(target: str | dict) -> bool:
     """Whether ``target``'s GPU has L2 cache-policy loads (``createpolicy``: sm_80 and later).

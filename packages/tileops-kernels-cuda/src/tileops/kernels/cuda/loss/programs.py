@@ -40,7 +40,9 @@ import math
 
 import torch
 
-from ..cache_hints import ACCESS_BYTES, PRIORITY_LOADS, has_cache_priorities
+from tileops.ops.vector_access import VECTOR_BYTES
+
+from ..cache_hints import PRIORITY_LOADS, has_cache_priorities
 from ..compile import GUARDED_BY_THE_PROGRAM, compile_once
 from ..row_layout import GEOMETRY, RowLayout
 
@@ -353,7 +355,7 @@ def make_fused(
     steps = math.ceil(layout.most / (threads * unroll))
     width = unroll * vec
     cap = _capper(softcap)
-    hinted = cache_priorities and vec * dtype.itemsize == ACCESS_BYTES
+    hinted = cache_priorities and vec * dtype.itemsize == VECTOR_BYTES
     fold, combine = _span_statistics(
         dt, layout, softcap, vec=vec, threads=threads, unroll=unroll, span=layout.most, sums_logits=smoothing != 0,
         priority="evict_last" if hinted else None,
