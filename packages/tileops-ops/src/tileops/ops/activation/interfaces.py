@@ -16,6 +16,7 @@ spec with ``width`` (the last dimension) and ``row_strides`` (each tensor's pitc
 interface's argument order). An implementation that sets ``takes_row_views = True`` then
 receives every tensor as an (m, width) view at its pitch and returns (m, width) results; any
 other receives contiguous 1-D copies, as for every other call.
+
 Every implementation computes in float32 (float64 for float64 tensors) and rounds once.
 
 ``activation`` names the function: ``"silu"``, ``"gelu"`` (the exact, erf form) or
