@@ -13,6 +13,7 @@ from tileops.kernels.cuda.activation import KERNELS, policy, programs
 from tileops.ops.activation import (
     ActivationFwdInterface,
     GatedBwdInterface,
+    GatedFwdInterface,
     GatedInplaceBwdInterface,
     PackedGatedBwdInterface,
     PackedGatedFwdInterface,
@@ -22,6 +23,7 @@ from tileops.ops.activation import (
     PackedSwiGLUInplaceBwdOp,
     SiLUFwdOp,
     SwiGLUBwdOp,
+    SwiGLUFwdOp,
     SwiGLUInplaceBwdOp,
 )
 
@@ -125,6 +127,28 @@ def test_the_in_place_packed_backward_kernel_launches_on_dy_and_x_alone_and_allo
     config, rank, tensors = launches[-1]
     assert rank == 2 and len(tensors) == 2 and tensors[0] is dy and tensors[1] is x
     assert config == policy.launch_config(torch.bfloat16, True)
+
+
+def test_a_row_view_kernel_launches_its_own_build_on_the_views_and_writes_contiguous_rows(launches, monkeypatch):
+    def gated(width=0, pitches=None):
+        op = SwiGLUFwdOp()
+        return KERNELS[GatedFwdInterface]["tilelang"](op.call_spec(GatedFwdInterface, CUDA, torch.bfloat16, True, width, pitches))
+
+    kernel = gated(1024, (2048, 2048))
+    wide = torch.zeros(6, 2048, dtype=torch.bfloat16)  # [gate | up] rows: each half a row view
+    gate, up = wide[:, :1024], wide[:, 1024:]
+    y = kernel.forward(gate, up)
+    config, rank, tensors = launches[-1]
+    assert rank == 2 and tensors[0] is gate and tensors[1] is up and tensors[2] is y
+    assert y.shape == (6, 1024) and y.is_contiguous()
+    # A build per width and pitches; the contiguous call's kernel is another.
+    identities = {gated().identity(), kernel.identity(), gated(1024, (2048, 3072)).identity(), gated(512, (2048, 2048)).identity()}
+    assert len(identities) == 4
+    compiled = []
+    monkeypatch.setattr(programs, "compile_program", lambda *args, **config: compiled.append(config))
+    kernel.compile(config, 2)
+    gated().compile(config, 1)
+    assert compiled == [{"d": 1024, "pitches": (2048, 2048), **config}, {"d": 0, **config}]
 
 
 def test_calls_of_every_size_take_the_one_build_and_unaligned_kernels_the_scalar_programs(launches):
