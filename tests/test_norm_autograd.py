@@ -172,6 +172,31 @@ def test_a_node_keeps_only_what_the_backward_op_reads():
     assert torch.equal(kept[1], total) and not any(t.data_ptr() in (x.data_ptr(), residual.data_ptr()) for t in kept)
 
 
+def test_backward_inputs_are_what_the_node_hands_the_backward_op_with_the_forwards_own_statistics():
+    # What ``tileops bench --backward`` times the backward op alone on: the incoming gradients,
+    # the forward's inputs and its saved rstd, none of them computed again.
+    x, residual, weight = torch.randn(6, 32), torch.randn(6, 32), torch.randn(32)
+    op = FusedAddRMSNormFwdOp(32)
+    dy, dsum = torch.randn(6, 32), torch.randn(6, 32)
+    (y, total), arguments = op.backward_inputs(x, residual, weight, grads=(dy, dsum))
+    torch.testing.assert_close((y, total), op(x, residual, weight))
+    backward = type(op).backward_class()
+    names = [decl.name for decl in backward.manifest_entry().inputs]
+    given = dict(zip(names, arguments))
+    assert given["dy"] is dy and given["weight"] is weight
+    rstd = torch.rsqrt((x + residual).square().mean(-1) + torch.finfo(torch.float32).eps)
+    torch.testing.assert_close(given["rstd"].reshape(-1), rstd)
+    leaves = [t.clone().requires_grad_() for t in (x, residual, weight)]
+    torch.autograd.backward(op(*leaves), (dy, dsum))
+    gradients = backward(**op.params)(*arguments)
+    for got, leaf in zip((gradients[0], gradients[0], gradients[1]), leaves):
+        torch.testing.assert_close(got, leaf.grad)
+    with pytest.raises(TypeError, match="declares no backward op"):
+        from tileops.ops import DecodeAttentionFwdOp
+
+        DecodeAttentionFwdOp().backward_inputs(torch.zeros(1), grads=())
+
+
 def test_double_backward_is_refused_naming_both_ops():
     x, weight = torch.randn(3, 16, requires_grad=True), torch.randn(16, requires_grad=True)
     y = LayerNormFwdOp(16)(x, weight)

@@ -371,6 +371,25 @@ class Op:
             return self._bind_and_run(call, wanted=wanted)
         return self._run(target, call, wanted=wanted)
 
+    def backward_inputs(self, /, *args: Any, grads: Sequence[Any], **kwargs: Any) -> tuple[Any, list]:
+        """``(result, arguments)``: the call ``op(*args, **kwargs)`` run as a call that records
+        autograd history runs it (every gradient wanted; nothing recorded), and the backward op's
+        arguments, in its signature's order, for the outputs' incoming gradients ``grads`` (None
+        for an output the caller does not use), as the call's autograd node would hand them: the
+        forward's own inputs, outputs and statistics. For a tool that runs the backward op alone
+        on what a training step gives it (``tileops bench --backward``)."""
+        wiring = self.differentiation
+        if wiring is None:
+            raise TypeError(f"{type(self).__name__} declares no backward op")
+        call = self._signature.bind(self.params, args, kwargs)
+        wanted = sum(1 << i for i in wiring.differentiable if call.inputs[i] is not None)
+        with torch.no_grad():
+            result, saved = self.run_saving(call, wanted)
+            outputs = result if isinstance(result, tuple) else (result,)
+            saved = wiring.complete_saved(self, call.inputs, outputs, saved, wanted)
+        kept = wiring.kept(call.inputs, outputs, saved)
+        return result, wiring.backward_arguments(grads, kept, autograd.described(outputs))
+
     def _run(self, target: str, call: BoundCall, *, wanted: int | None) -> Any:
         """``call`` run by ``target``; ``wanted`` None: a call that saves nothing, else a
         differentiated call's wanted gradients (``run_saving``)."""

@@ -7,8 +7,9 @@ a layer inside a network). ``grads`` are random, as the layers after the op woul
 except where the declaration's ``incoming`` says otherwise: the objective a step starts its
 backward from gets 1 (``.backward()``), an output a training step does not use none.
 **backward** is the backward op alone, called on the inputs that step hands it: the incoming
-gradients, the forward's inputs and outputs it names, and the saved statistics, computed by the
-manifest's ``derive`` expressions.
+gradients, the forward's inputs and outputs it names, and the saved statistics as the op's own
+forward computed them (``Op.backward_inputs``: the autograd node's arguments, nothing derived
+again).
 
 The same run times torch eager autograd of the forward's ``torch_api``, ``torch.compile`` of the
 same code and each peer's autograd function (``tileops.cli.peers``): forward+backward as above,
@@ -144,45 +145,16 @@ def _no_donated_buffers():
     return config.patch(donated_buffer=False)
 
 
-def backward_inputs(
-    entry: OpEntry, backward: OpEntry, workload: Workload, inputs: dict, outputs: tuple, params: dict, dtype, device
-) -> dict:
-    """The backward op's inputs for one step of ``workload``: a workload of the backward op whose
-    shapes are those the step hands it (``d<output>`` an output's, a forward input or output its
-    own, a saved statistic its pattern's), with random values and the statistics derived."""
-    decl = entry.backward
-    produced = {d.name: out for d, out in zip(entry.outputs, outputs)}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for t in backward.inputs:
-        if t.name in decl.saves:
-            continue
-        source = inputs.get(t.name) if t.name in inputs else produced.get(t.name)
-        if source is None and t.name.startswith("d"):
-            source = produced.get(t.name[1:])
-        if source is not None:
-            shapes[t.name] = tuple(source.shape)
-    dims: dict[str, Any] = {}
-    for t in backward.inputs:
-        if t.name in shapes and t.shape is not None:
-            t.shape.match(shapes[t.name], dims, params)
-    for t in backward.inputs:
-        if t.name in decl.saves:
-            shapes[t.name] = (
-                shapes[t.shape_same_as] if t.shape_same_as
-                else t.shape.expand(lambda name: params[name] if params.get(name) is not None else dims.get(name))
-            )
-    # What the training step hands the outputs (``backward.incoming``): an unused output's
-    # gradient is left out where the backward op takes it as optional, an objective's is 1.
-    incoming = {f"d{name}": kind for name, kind in decl.incoming.items()}
-    for t in backward.inputs:
-        if incoming.get(t.name) == "none" and t.optional:
-            shapes.pop(t.name, None)
-    step = Workload(workload.name, shapes, (dtype,), dict(params))
-    made = workload_inputs(backward, step, dtype, device)
-    for name, kind in incoming.items():
-        if kind == "one" and name in made:
-            made[name] = torch.ones_like(made[name])
-    return made
+def backward_inputs(op, backward: OpEntry, arguments: Sequence[Any], grads: Sequence[Any]) -> dict:
+    """The backward op's inputs, by name, for one training step of ``op`` on ``arguments`` whose
+    outputs get ``grads`` (``incoming_grads``): what the call's autograd node hands it
+    (``Op.backward_inputs``), the forward's own inputs, outputs and statistics, detached (the
+    backward op alone records no history); an optional input the step does not give is left out."""
+    _, made = op.backward_inputs(*arguments, grads=grads)
+    return {
+        decl.name: value.detach() if isinstance(value, torch.Tensor) else value
+        for decl, value in zip(backward.inputs, made) if value is not None
+    }
 
 
 def bench_training(
@@ -215,10 +187,10 @@ def bench_training(
     )
     backward_outputs = bench_backward_inputs = None
     try:
-        bench_backward_inputs = backward_inputs(entry, backward, workload, inputs, outputs, params, dtype, DEVICE)
+        bench_backward_inputs = backward_inputs(op, backward, arguments, grads)
     except torch.OutOfMemoryError as error:
-        # The statistics are derived by the manifest's float64 expressions, which a GPU that
-        # runs the step may not hold beside it: the step is still timed.
+        # The forward runs once more for them, beside the step's tensors: where the GPU cannot
+        # hold both, the step is still timed.
         alone.ours_error = f"the backward op's inputs did not fit: {describe(error)}"
         torch.cuda.empty_cache()
     if bench_backward_inputs is not None and backward_class is None:
