@@ -352,7 +352,7 @@ def test_a_training_row_of_the_linear_cross_entropy_derives_the_saved_gradients_
 
 
 def test_a_training_row_whose_backward_inputs_do_not_fit_still_times_the_step_and_says_why(cpu_training, monkeypatch):
-    # The backward op's statistics are derived in float64 (a 16384 x 151936 loss's lse: 19 GiB):
+    # The backward op's inputs come from one more run of the forward beside the step's tensors:
     # where the GPU cannot hold them, the backward alone has no time and the step keeps its own.
     from tileops.ops import CrossEntropyFwdOp
 
