@@ -140,6 +140,39 @@ def test_every_register_tuning_candidate_computes_the_rows_as_torch(n, log):
         torch.testing.assert_close(y.double(), expected, atol=1e-3 if not log else 3e-2, rtol=1.6e-2, msg=lambda m, config=config: f"{config}: {m}")
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("n", [150000, 150001])
+def test_every_streamed_tuning_candidate_computes_the_rows_as_torch_forward_and_backward(n, log):
+    # Pass 2 read from the row's end included: request_tune may choose either direction.
+    from tileops.kernels.cuda.device import compile_target
+    from tileops.kernels.cuda.softmax import policy, programs
+
+    x = torch.randn(200, n, device="cuda", dtype=torch.bfloat16) * 4
+    dy = torch.randn_like(x)
+    y64 = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+    y = y64.bfloat16()
+    dx64 = dy.double() - y.double().exp() * dy.double().sum(-1, keepdim=True) if log else y.double() * (
+        dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True)
+    )
+    target = compile_target(x.device)
+    aligned = n % 8 == 0
+    for kind in programs.KINDS:
+        candidates = policy.tuning_candidates(
+            "streamed", n, torch.bfloat16, aligned, pointers_aligned=True, softmax_forward=kind == "forward" and not log
+        )
+        assert any(c.get("from_end") for c in candidates)
+        for config in candidates:
+            out = torch.empty_like(x)
+            kernel = programs.compile_program(kind, n, torch.bfloat16, torch.bfloat16, log, target, **config)
+            if kind == "forward":
+                kernel(x, out)
+                expected, atol = y64, (3e-2 if log else 1e-3)
+            else:
+                kernel(dy, y, out)
+                expected, atol = dx64, (3e-2 if log else 1e-3)
+            torch.testing.assert_close(out.double(), expected, atol=atol, rtol=1.6e-2, msg=lambda m, c=config, k=kind: f"{k} {c}: {m}")
+
+
 def test_compiled_training_matches_eager():
     x = torch.randn(64, 32000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     op = SoftmaxFwdOp(out_dtype=torch.float32)

@@ -129,8 +129,22 @@ def test_a_streamed_softmax_forward_takes_512_thread_blocks_where_the_rows_they_
     assert threads(40000, torch.bfloat16, None) == threads(40000, torch.bfloat16, H100, softmax_forward=False) == (1024, 4)
     # Tuning times the other block sizes beside it, each once.
     candidates = policy.tuning_candidates("streamed", 40000, torch.bfloat16, True, softmax_forward=True, facts=H100)
-    assert candidates[0]["threads"] == 512 and len(candidates) == 4
+    assert candidates[0]["threads"] == 512 and len(candidates) == 5
     assert {(c["threads"], c["unroll"]) for c in candidates} == {(512, 8), (1024, 4), (512, 4), (1024, 2)}
+    assert [c for c in candidates if c.get("from_end")] == [{**candidates[0], "from_end": True}]
+
+
+def test_tuning_also_times_a_streamed_row_s_second_pass_from_the_row_s_end():
+    default, *others = policy.tuning_candidates("streamed", 131072, torch.bfloat16, True, facts=H200)
+    assert "from_end" not in default and [c for c in others if c.get("from_end")] == [{**default, "from_end": True}]
+    # The split build (few rows) reads its chunks forwards: a chunk's second pass reads from L2 anyway.
+    assert "from_end" not in policy.split_config(131072, torch.bfloat16, default, 132)
+    with pytest.raises(ValueError, match="from_end"):
+        programs.make_program("forward", 131072, torch.bfloat16, torch.bfloat16, False, variant="streamed", vec=8,
+                              threads=256, phase="partial", chunks=8, from_end=True)
+    with pytest.raises(ValueError, match="from_end"):
+        programs.make_program("forward", 4096, torch.bfloat16, torch.bfloat16, False, variant="register", vec=8,
+                              threads=512, from_end=True)
 
 
 def test_the_split_build_gives_one_row_about_two_blocks_per_sm_in_chunks_of_16_kib():

@@ -178,7 +178,8 @@ def tuning_candidates(
     softmax_forward: bool = False, facts: DeviceFacts | None = None,
 ) -> list[dict[str, Any]]:
     """Main-build configurations worth timing, the default first: half and twice the threads
-    per row (register), or 512 threads and other unrolls (streamed).
+    per row (register), or 512 threads and other unrolls, and pass 2 from the row's end
+    (streamed).
 
     A register thread holds at most 64 elements; past 32 (a 16-bit row's default is four
     16-byte accesses, 32 elements, a thread) it keeps no exponentials (``keep=False``), and at
@@ -204,4 +205,10 @@ def tuning_candidates(
             candidate = {**default, "threads": threads, "unroll": unroll}
             if candidate not in candidates:
                 candidates.append(candidate)
+        # Pass 2 from the row's end: no rule takes it, as the loss kernels' fused step (the same
+        # two passes over a row in one block) showed no direction ahead once the loads carried
+        # eviction priorities (H100, rows that overflow L2, forwards / from the end: 4096 x
+        # 128256 761 / 767 us, 2048 x 151936 511 / 489, 1024 x 256000 486 / 468, 3000 x
+        # 100000 463 / 468); a tuning request times it.
+        candidates.append({**default, "from_end": True})
     return candidates
