@@ -276,6 +276,30 @@ def test_edge_cases_forward_and_backward(b, s_q, s_k, h_q, h_kv, d, params, dtyp
     assert [key for key, _ in backward.built_kernels()] == [_expected_key(dtype, d)]
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_every_forward_tuning_candidate_matches_the_reference(head_dim, causal):
+    # request_tune may choose any of them: wider key tiles end past the keys more often, and
+    # straddle the causal diagonal with more of their columns.
+    from tileops.kernels.cuda.attention import policy, programs
+    from tileops.kernels.cuda.compile import entry_function
+    from tileops.kernels.cuda.device import compile_target
+
+    if not _hopper():
+        pytest.skip("the attention kernels need Hopper (sm_90)")
+    q, k, v = _edge_inputs(2, 300, 700, 8, 2, head_dim, {}, torch.bfloat16)
+    call = AttentionFwdOp(causal=causal).call_spec(AttentionFwdInterface, q.device, q.dtype, head_dim, 8, 2)
+    ref = Reference(q, k, v, causal=causal)
+    rows = _sample(ref.s_q, q.device, torch.Generator().manual_seed(0))
+    want_o, want_lse = ref.forward_rows(rows)
+    tolerance = AttentionFwdOp.manifest_entry().tolerance[q.dtype]
+    for config in policy.forward_candidates(head_dim):
+        o, lse = torch.empty_like(q), torch.empty(2, 8, 300, device="cuda")
+        entry_function(programs.compile_forward(call, compile_target(q.device), **config))(q, k, v, o, lse)
+        _close(f"o {config}", ref.heads_first(o)[:, :, rows], want_o, q.dtype, tolerance, RELATIVE[q.dtype][0])
+        _close(f"lse {config}", lse[:, :, rows], want_lse, q.dtype, tolerance, RELATIVE[q.dtype][0])
+
+
 def test_rows_that_see_no_key_are_zero_with_minus_infinity_and_get_no_gradient():
     q, k, v = _edge_inputs(1, 300, 129, 8, 8, 128, {}, torch.bfloat16)
     q.requires_grad_()

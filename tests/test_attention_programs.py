@@ -70,9 +70,22 @@ def test_the_tiles_fit_shared_memory_and_give_each_warpgroup_whole_wgmma_rows(he
     assert policy.forward_candidates(head_dim)[0] == forward
 
 
+def test_tuning_times_the_widest_key_tile_whose_scores_fit_the_registers_and_whose_stages_fit_shared_memory():
+    # D = 128: 64 (O) + 96 (S) + 48 (P) + 32 spare registers of a consumer's 240 at 192 keys;
+    # D = 256: 80 keys, where K and V two stages deep fill the 227 KiB beside Q; D = 64 (three
+    # consumers, 160 registers): the rule's 128 already.
+    assert [policy.widest_key_tile(2, 128), policy.widest_key_tile(2, 256), policy.widest_key_tile(3, 64)] == [192, 80, 128]
+    for head_dim, widest in ((128, 192), (256, 80)):
+        default, *others = policy.forward_candidates(head_dim)
+        assert {**default, "block_n": widest} in others
+        smem = (default["block_m"] + 2 * 2 * widest) * head_dim * 2
+        assert smem <= policy.SMEM_BYTES < smem + 2 * 2 * 16 * head_dim * 2  # 16 keys more would not fit two stages
+    assert all(c["block_n"] <= 128 for c in policy.forward_candidates(64))
+
+
 @pytest.mark.parametrize("window", [None, 0, 100, 1023], ids=lambda w: f"window={w}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("block_n", [64, 128, 80, 192])
 def test_the_forward_leaves_unmasked_exactly_the_key_blocks_every_row_sees_whole(causal, window, block_n):
     """The forward skips the mask of the key blocks ``whole_key_blocks`` names; an element-wise
     check of every row against every key of each block says which those must be."""

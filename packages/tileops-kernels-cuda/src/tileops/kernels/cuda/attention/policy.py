@@ -98,13 +98,38 @@ def forward_config(head_dim: int) -> dict[str, Any]:
     return {"block_m": block_m, "block_n": block_n, "stages": stages, "threads": consumers * _WARPGROUP}
 
 
+#: A key tile's rows are the k of the P V product, a multiple of 16 for a 16-bit wgmma.
+_KEY_TILE_STEP = 16
+#: A wgmma's widest N: the most keys one S = Q K^T product covers.
+_WGMMA_MAX_N = 256
+
+
+def widest_key_tile(consumers: int, head_dim: int) -> int:
+    """The widest key tile a forward block of ``consumers`` warpgroups takes: its S and P fit a
+    consumer thread's registers beside O with the spare ones, and its K and V tiles fit shared
+    memory two stages deep beside Q. D = 128 (two consumers): 192 keys, by the registers; D =
+    256: 80, by shared memory; D = 64 (three consumers): 128, by the registers. A wider tile
+    takes fewer row maxima and rescales of O per key, and masks more columns where it straddles
+    a causal diagonal."""
+    block_m = consumers * WGMMA_ROWS
+    for block_n in range(_WGMMA_MAX_N, 0, -_KEY_TILE_STEP):
+        two_stages = _stages(block_m * head_dim * _ELEMENT, 2 * block_n * head_dim * _ELEMENT) == 2
+        if two_stages and _fits(consumers, head_dim, block_n):
+            return block_n
+    return _KEY_TILE_STEP
+
+
 def forward_candidates(head_dim: int) -> list[dict[str, Any]]:
-    """Forward configurations worth timing, the rules' first: one stage less, half-width key
-    tiles, and the other count of consumer warpgroups (two or three)."""
+    """Forward configurations worth timing, the rules' first: one stage less, half-width and the
+    widest key tiles (``widest_key_tile``), and the other count of consumer warpgroups (two or
+    three)."""
     default = forward_config(head_dim)
     candidates = [default, {**default, "stages": 1}]
     if default["block_n"] > 64:
         candidates.append({**default, "block_n": default["block_n"] // 2})
+    widest = widest_key_tile(default["threads"] // _WARPGROUP, head_dim)
+    if widest > default["block_n"]:
+        candidates.append({**default, "block_n": widest})
     other = 2 if default["threads"] == 3 * _WARPGROUP else 3
     if _fits(other, head_dim, default["block_n"]):
         candidates.append({**default, "block_m": other * WGMMA_ROWS, "threads": other * _WARPGROUP})
