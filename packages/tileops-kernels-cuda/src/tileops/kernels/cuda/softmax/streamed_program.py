@@ -2,8 +2,9 @@
 per (row, chunk) in the split phases (see ``programs``, whose ``make_program`` checks a
 configuration and calls ``make_streamed``). Pass 1 reads the row keeping a running max and a
 running sum rescaled to it (the online softmax), the block combines its threads' pairs, and
-pass 2 reads the row again and writes. Importing this module does not import tilelang; building a
-program does.
+pass 2 reads the row again and writes: forwards, or from the row's end with ``from_end`` (starting
+on what pass 1 read last, the part of a row L2 holds longest). Importing this module does not
+import tilelang; building a program does.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func's annotations.
@@ -11,6 +12,8 @@ program does.
 import math
 
 import torch
+
+from tileops.ops.vector_access import VECTOR_BYTES
 
 from ..cache_hints import PRIORITY_LOADS
 from ..row_layout import GEOMETRY
@@ -32,11 +35,11 @@ def make_streamed(
     gradient_term, gradient = rm.gradient_term, rm.gradient
     backward = kind == "backward"
 
-    # -- streamed: one block per row (phase "whole") or per (row, chunk) (the split phases) --------
-    # A chunk's accesses are counted from the row's first; the first chunk also takes the edges.
+    # One block per row (phase "whole") or per (row, chunk) (the split phases). A chunk's accesses
+    # are counted from the row's first; the first chunk also takes the edges.
     per_chunk = math.ceil(nv / chunks)  # accesses per chunk
     steps = math.ceil(per_chunk / (threads * unroll))
-    hinted = cache_priorities and vec * dtype.itemsize == 16
+    hinted = cache_priorities and vec * dtype.itemsize == VECTOR_BYTES
 
     @T.macro
     def load(dst, di, src, index, priority):
