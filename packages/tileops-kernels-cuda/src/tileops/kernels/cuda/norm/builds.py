@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from tileops.ops.vector_access import VECTOR_BYTES
+
 from ..powers import pow2_ceil, pow2_floor
 from ..cache_hints import has_cache_priorities
 from .policy import MAX_THREADS, check_kind
@@ -67,7 +69,7 @@ _DECODE_THREADS = (128, 512)
 
 
 def has_evict_first_build(kind: str, mode: str, vec: int, dtype: torch.dtype) -> bool:
-    return kind.startswith("add_") and mode == "register" and vec * dtype.itemsize == 16
+    return kind.startswith("add_") and mode == "register" and vec * dtype.itemsize == VECTOR_BYTES
 
 
 def evict_first_elements(
@@ -106,7 +108,7 @@ def few_row_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any]
     weight loaded with the row (``_PRELOAD_KINDS`` has the figures).
     """
     row_bytes = n * dtype.itemsize
-    if dtype.itemsize != 2 or config["vec"] * dtype.itemsize != 16:
+    if dtype.itemsize != 2 or config["vec"] * dtype.itemsize != VECTOR_BYTES:
         return None
     if row_bytes > _FEW_ROW_BYTES[1]:
         early_weight = (
@@ -131,7 +133,7 @@ def decode_config(kind: str, n: int, dtype: torch.dtype, config: dict[str, Any])
     vectors a thread, and where it is the launch ``config`` itself."""
     check_kind(kind, False)
     vec = config["vec"]
-    if vec * dtype.itemsize != 16:
+    if vec * dtype.itemsize != VECTOR_BYTES:
         return None
     vectors = n // vec
     fewest, most = _DECODE_THREADS

@@ -50,6 +50,8 @@ import math
 
 import torch
 
+from tileops.ops.vector_access import VECTOR_BYTES
+
 from ..cache_hints import PRIORITY_LOADS, has_cache_priorities
 from ..compile import compile_once
 from .builds import has_evict_first_build
@@ -166,7 +168,7 @@ def make_program(
     # Where the cached modes hold the row between the passes, the streamed mode
     # keeps it in L1/L2 by cache priority: rows and weight/bias are loaded
     # "evict last" and the second pass's re-read "evict first" (16-byte accesses).
-    prioritised = cache_priorities and mode == "streamed" and vec * dtype.itemsize == 16
+    prioritised = cache_priorities and mode == "streamed" and vec * dtype.itemsize == VECTOR_BYTES
     hinted = prioritised or evict_first_inputs
     # x is read again in pass 2 only by the streamed single norms (the fused kinds re-read s);
     # a load without priority is an ordinary one.

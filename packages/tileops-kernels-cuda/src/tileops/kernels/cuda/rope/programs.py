@@ -22,6 +22,8 @@ this module does not import tilelang; building a program does.
 
 import torch
 
+from tileops.ops.vector_access import VECTOR_BYTES
+
 from ..compile import compile_once
 
 _TL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -81,13 +83,13 @@ def make_program(
     def runs(count: int, itemsize: int) -> list[tuple[int, int, object]]:
         """(start, length, loop) of the accesses that move ``count`` consecutive elements of
         ``itemsize`` bytes: 16-byte vectors where ``vec`` fills them, single elements otherwise."""
-        if vec * dtype.itemsize != 16:
+        if vec * dtype.itemsize != VECTOR_BYTES:
             return [(0, count, T.serial)]
         length = min(count, 16 // itemsize)
         return [(start, length, T.vectorized) for start in range(0, count, length)]
 
     x_runs, c_runs = runs(vec, dtype.itemsize), runs(vec, cos_dtype.itemsize)
-    p_runs = [(0, pass_vec, T.vectorized if pass_vec * dtype.itemsize == 16 else T.serial)]
+    p_runs = [(0, pass_vec, T.vectorized if pass_vec * dtype.itemsize == VECTOR_BYTES else T.serial)]
 
     t = T.dynamic("t")
     p = T.dynamic("p")
