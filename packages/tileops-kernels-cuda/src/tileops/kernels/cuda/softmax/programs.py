@@ -9,15 +9,15 @@ converts it). Backward: dx = y * (dy - sum(dy * y)) or dy - exp(y) * sum(dy), in
 Variants (``make_program``'s ``variant``), each built in a module of its own on the arithmetic they
 share (``row_math``):
 
-* ``register`` (``register_program``): ``tpr`` threads per row, ``rows`` rows per block; each thread holds its slice
-  of the row in registers, so the row is read once: a max and a sum reduction (one sum
-  backward), then the write.
-* ``streamed`` (``streamed_program``): one block per row (or per chunk of a row, below); pass 1 reads the row keeping a
-  running max and a running sum rescaled to it (the online softmax), the block combines the
-  threads' pairs, pass 2 reads the row again and writes. Pass 1 loads "evict last" and pass 2
-  "evict first" (16-byte accesses on sm_80 and later), so the second read comes from L2; where
-  the rows in flight overflow it, pass 2 may walk the row from its end (``from_end``), starting
-  on what pass 1 read last.
+* ``register`` (``register_program``): ``tpr`` threads per row, ``rows`` rows per block; each
+  thread holds its slice of the row in registers, so the row is read once: a max and a sum
+  reduction (one sum backward), then the write.
+* ``streamed`` (``streamed_program``): one block per row (or per chunk of a row, below); pass 1
+  reads the row keeping a running max and a running sum rescaled to it (the online softmax),
+  the block combines the threads' pairs, pass 2 reads the row again and writes. Pass 1 loads
+  "evict last" and pass 2 "evict first" (16-byte accesses on sm_80 and later), so the second
+  read comes from L2. With ``from_end`` (a configuration a tuning request times) pass 2 walks
+  the row from its end, starting on what pass 1 read last.
 * the split row: the same two passes in two launches over (row, chunk) blocks, so that a few
   long rows still fill every SM. ``phase="partial"`` writes each chunk's (max, sum) to a float32
   workspace of (m, chunks, 2); ``phase="finish"`` combines a row's pairs and writes its chunk.
