@@ -1,7 +1,7 @@
-"""The arithmetic every softmax program shares, per row: an input element as float32, exp as exp2,
-the online maximum's rescaling, a statistic reduced over a row's threads, and y and dx of one
-element from the row's statistics (``RowMath``). Importing this module does not import tilelang;
-building a ``RowMath`` does.
+"""What every softmax program shares (``row_math``): the row layout and TileLang names it is written
+in, and the arithmetic per row: an input element as float32, exp as exp2, the online maximum's
+rescaling, a statistic reduced over a row's threads, and y and dx of one element from the row's
+statistics. Importing this module does not import tilelang; calling ``row_math`` does.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the macros' annotations.
